@@ -1,0 +1,33 @@
+# Every target builds/refreshes .venv from the project's own files first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+WORKDIR ?= /tmp/snm_jax_demo
+
+.PHONY: demo test bench bench-full clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+## Main job: train SNM top-1/top-16 and negative sampling on Bibtex, print a Table-2-style comparison.
+demo: $(STAMP)
+	$(PY) -m experiments.demo --workdir=$(WORKDIR)
+
+## The whole test suite (this is what CI runs).
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist=loadfile tests
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all --size=small
+
+bench-full: $(STAMP)
+	$(PY) -m benchmarks.run_all --size=full
+
+clean:
+	rm -rf $(VENV) build *.egg-info
