@@ -30,7 +30,10 @@ REPLICATED = jax.P()
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, int]:
-  """Fills at most one -1 entry of (data, model) so that the product is num_devices."""
+  """Fills at most one -1 entry of (data, model) so that the product is num_devices.
+
+  A fully specified shape may use fewer devices than there are (the first ones).
+  """
   shape = tuple(int(s) for s in shape)
   if len(shape) != 2:
     raise ConfigError("mesh.shape", f"expected (data, model), got {shape}")
@@ -41,7 +44,7 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, int
     if known <= 0 or num_devices % known:
       raise ConfigError("mesh.shape", f"{shape} does not divide {num_devices} devices")
     shape = tuple(num_devices // known if s == -1 else s for s in shape)
-  if math.prod(shape) != num_devices or min(shape) < 1:
+  if math.prod(shape) > num_devices or min(shape) < 1:
     raise ConfigError("mesh.shape", f"{shape} needs {math.prod(shape)} devices, have {num_devices}")
   return shape  # type: ignore[return-value]
 
@@ -52,7 +55,7 @@ def make_mesh(shape: Sequence[int] = (-1, 1), devices=None) -> jax.sharding.Mesh
   data, model = resolve_mesh_shape(shape, len(devices))
   # Label shards vary fastest so that a model group sits inside one host where
   # possible: the all-gather of mined candidates then stays on fast links.
-  grid = np.asarray(devices).reshape(data, model)
+  grid = np.asarray(devices[:data * model]).reshape(data, model)
   return jax.sharding.Mesh(grid, AXES)
 
 

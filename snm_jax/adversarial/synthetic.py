@@ -1,0 +1,42 @@
+"""Synthetic data with a planted label hierarchy, for testing and benchmarking the tree."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def planted_hierarchy(seed: int, num_labels: int, dim: int, num_points: int, *,
+                      decay: float = 0.6, noise: float = 0.3, zipf: float = 0.0,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+  """Points x = mu_y + noise * N(0, I) whose label centres follow a hidden binary tree.
+
+  The labels are put, in random order, at the leaves of a balanced binary tree;
+  every hidden node at depth t gets an offset ~ N(0, decay^(2t) I_dim), and mu_y
+  is the sum of the offsets on y's root-to-leaf path, so labels that share a
+  long path prefix have nearby centres.
+
+  Args:
+    seed: NumPy seed; the same seed gives the same hierarchy and points.
+    num_labels: C.
+    dim: k.
+    num_points: N.
+    decay: offset scale ratio between successive depths.
+    noise: standard deviation of the isotropic noise around mu_y.
+    zipf: label frequencies ~ rank^-zipf (0 = uniform).
+
+  Returns:
+    x: (N, dim) float32; labels: (N,) int32.
+  """
+  rng = np.random.default_rng(seed)
+  num_leaves = 1 << max(num_labels - 1, 1).bit_length()
+  centre = np.zeros((2 * num_leaves, dim))  # centre[n] = sum of offsets from the root to heap node n
+  centre[1] = rng.normal(size=dim)
+  for depth in range(1, num_leaves.bit_length()):
+    nodes = np.arange(1 << depth, 2 << depth)
+    centre[nodes] = centre[nodes // 2] + decay**depth * rng.normal(size=(len(nodes), dim))
+  leaf_of_label = rng.permutation(num_leaves)[:num_labels]
+  mu_Cxd = centre[num_leaves + leaf_of_label]
+  freq = np.arange(1, num_labels + 1, dtype=np.float64) ** -zipf
+  labels = rng.choice(num_labels, size=num_points, p=freq / freq.sum()).astype(np.int32)
+  x = mu_Cxd[labels] + noise * rng.normal(size=(num_points, dim))
+  return x.astype(np.float32), labels

@@ -1,0 +1,234 @@
+"""The probabilistic binary decision tree p_n(y|x) of Bamler & Mandt (ICLR 2020, Sec. 3).
+
+Layout (heap order). A tree over C labels has L = 2^D leaves, D = ceil(log2 C),
+so L - C leaves are padding. Internal node n (1 <= n < L) has children 2n and
+2n + 1; node 1 is the root; leaf j (0 <= j < L) is heap node L + j. Row n of
+`weights_Lxk` / `biases_L` holds node n (row 0 is unused), so the tables have
+exactly L rows.
+
+At node n the decision zeta in {+1, -1} ("right" = child 2n + 1 is +1) has
+likelihood sigmoid(zeta * (w_n^T x + b_n)), and
+
+  log p_n(y|x) = sum over the nodes n on the root-to-leaf path of y of
+                 log_sigmoid(zeta_n(y) * (w_n^T x + b_n)).
+
+Padding. Every node one of whose children holds only padding gets w_n = 0 and
+b_n = -/+ SATURATION_LOGIT (towards the real child). Then log p of a padding
+leaf is <= -1e4 (finite, so no inf - inf anywhere), exp(log p) == 0.0 exactly in
+float32, the real side's log_sigmoid(1e4) == 0.0 exactly, and ancestral sampling
+(u < sigmoid(s) with u in [0, 1)) can never enter the padding side.
+
+Features x are the k-dimensional PCA projections (`projection.py`); the tree can
+carry the projection (`proj_mean_d`, `proj_components_kxd`) so `tree.project`
+maps raw dense features to the x every other function here expects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# |b| of a node with an all-padding child. exp(-1e4) underflows to exactly 0 in float32.
+SATURATION_LOGIT = 1e4
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["weights_Lxk", "biases_L", "leaf_of_label_C", "label_of_leaf_L",
+                 "proj_mean_d", "proj_components_kxd"],
+    meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class ProbabilisticTree:
+  """A balanced probabilistic binary tree over C labels (a pytree; see module docstring).
+
+  Attributes:
+    weights_Lxk: (L, k) float32, row n = w of heap node n; row 0 unused.
+    biases_L: (L,) float32, b of heap node n.
+    leaf_of_label_C: (C,) int32, the leaf position in [0, L) of each label.
+    label_of_leaf_L: (L,) int32, the label at each leaf, -1 for padding.
+    proj_mean_d: (d,) float32 PCA mean of the raw features, or None.
+    proj_components_kxd: (k, d) float32 PCA components, or None.
+  """
+  weights_Lxk: jax.Array
+  biases_L: jax.Array
+  leaf_of_label_C: jax.Array
+  label_of_leaf_L: jax.Array
+  proj_mean_d: jax.Array | None = None
+  proj_components_kxd: jax.Array | None = None
+
+  @property
+  def num_labels(self) -> int:
+    return self.leaf_of_label_C.shape[0]
+
+  @property
+  def num_leaves(self) -> int:
+    return self.label_of_leaf_L.shape[0]
+
+  @property
+  def depth(self) -> int:
+    return self.num_leaves.bit_length() - 1
+
+  @property
+  def dim(self) -> int:
+    return self.weights_Lxk.shape[1]
+
+  def project(self, x_raw_Nxd: jax.Array) -> jax.Array:
+    """Raw dense features (N, d) -> PCA features (N, k): (x - mean) @ components^T."""
+    if self.proj_components_kxd is None:
+      raise ValueError("this tree carries no projection; pass already-projected features")
+    return (x_raw_Nxd - self.proj_mean_d) @ self.proj_components_kxd.T
+
+
+def num_leaves_for(num_labels: int) -> int:
+  """L = the smallest power of two >= C (and >= 2)."""
+  if num_labels < 2:
+    raise ValueError(f"a tree needs at least 2 labels, got {num_labels}")
+  return 1 << (num_labels - 1).bit_length()
+
+
+def make_tree(weights_Lxk, biases_L, leaf_of_label_C, projection=None) -> ProbabilisticTree:
+  """Assembles a tree from node parameters and a label -> leaf map; saturates padding.
+
+  Args:
+    weights_Lxk: (L, k) node weights (row n = heap node n).
+    biases_L: (L,) node biases.
+    leaf_of_label_C: (C,) distinct leaf positions in [0, L), L = num_leaves_for(C).
+    projection: optional (mean (d,), components (k, d)) from `fit_projection`.
+  """
+  leaf_of_label = np.asarray(leaf_of_label_C, np.int32)
+  c = leaf_of_label.shape[0]
+  num_leaves = num_leaves_for(c)
+  weights = np.array(weights_Lxk, np.float32)
+  biases = np.array(biases_L, np.float32)
+  if weights.shape[0] != num_leaves or biases.shape != (num_leaves,):
+    raise ValueError(f"expected ({num_leaves}, k) weights and ({num_leaves},) biases for C={c}, "
+                     f"got {weights.shape} and {biases.shape}")
+  if (leaf_of_label.min() < 0 or leaf_of_label.max() >= num_leaves
+      or len(np.unique(leaf_of_label)) != c):
+    raise ValueError("leaf_of_label must hold distinct leaf positions in [0, L)")
+  label_of_leaf = np.full(num_leaves, -1, np.int32)
+  label_of_leaf[leaf_of_label] = np.arange(c, dtype=np.int32)
+  _saturate_padding(weights, biases, label_of_leaf >= 0)
+  mean, comps = (None, None) if projection is None else projection
+  as_f32 = lambda a: None if a is None else jnp.asarray(a, jnp.float32)
+  return ProbabilisticTree(jnp.asarray(weights), jnp.asarray(biases), jnp.asarray(leaf_of_label),
+                           jnp.asarray(label_of_leaf), as_f32(mean), as_f32(comps))
+
+
+def _saturate_padding(weights, biases, real_leaf_L):
+  """In place: w = 0, b = -/+SATURATION_LOGIT at nodes with exactly one all-padding child."""
+  num_leaves = real_leaf_L.shape[0]
+  # has_real[n] for heap nodes n in [1, 2L): leaves at [L, 2L), built bottom-up.
+  has_real = np.zeros(2 * num_leaves, bool)
+  has_real[num_leaves:] = real_leaf_L
+  for n in range(num_leaves - 1, 0, -1):
+    has_real[n] = has_real[2 * n] or has_real[2 * n + 1]
+  nodes = np.arange(1, num_leaves)
+  left, right = has_real[2 * nodes], has_real[2 * nodes + 1]
+  to_left = left & ~right
+  to_right = right & ~left
+  weights[nodes[to_left | to_right]] = 0.0
+  biases[nodes[to_left]] = -SATURATION_LOGIT
+  biases[nodes[to_right]] = SATURATION_LOGIT
+
+
+def random_tree(rng: jax.Array, num_labels: int, dim: int, scale: float = 1.0,
+                projection=None) -> ProbabilisticTree:
+  """A tree with N(0, scale^2) node parameters and a random label -> leaf map (padding anywhere)."""
+  num_leaves = num_leaves_for(num_labels)
+  k_w, k_b, k_p = jax.random.split(rng, 3)
+  weights = scale * jax.random.normal(k_w, (num_leaves, dim))
+  biases = scale * jax.random.normal(k_b, (num_leaves,))
+  leaves = jax.random.permutation(k_p, num_leaves)[:num_labels]
+  return make_tree(weights, biases, leaves, projection)
+
+
+def log_prob(tree: ProbabilisticTree, x_Nxk: jax.Array, labels_NxS: jax.Array) -> jax.Array:
+  """log p_n(y|x) for given labels (paper Sec. 3); O(k log C) per label.
+
+  Args:
+    tree: the tree.
+    x_Nxk: (N, k) projected features.
+    labels_NxS: (N, S) int label ids in [0, C).
+
+  Returns:
+    (N, S) float32 log-probabilities.
+  """
+  d = tree.depth
+  heap_NxS = tree.num_leaves + tree.leaf_of_label_C[labels_NxS]
+  logp_NxS = jnp.zeros(labels_NxS.shape, jnp.float32)
+  for level in range(d):
+    node_NxS = heap_NxS >> (d - level)
+    go_right_NxS = (heap_NxS >> (d - level - 1)) & 1
+    s_NxS = (jnp.einsum("nk,nsk->ns", x_Nxk, tree.weights_Lxk[node_NxS])
+             + tree.biases_L[node_NxS])
+    logp_NxS += jax.nn.log_sigmoid(jnp.where(go_right_NxS == 1, s_NxS, -s_NxS))
+  return logp_NxS
+
+
+def leaf_log_probs(tree: ProbabilisticTree, x_Nxk: jax.Array) -> jax.Array:
+  """log p of every leaf, level by level: (N, L); O(L k) per query, padding leaves <= -1e4."""
+  n = x_Nxk.shape[0]
+  logp = jnp.zeros((n, 1), jnp.float32)
+  for level in range(tree.depth):
+    nodes = slice(1 << level, 2 << level)
+    s_NxM = x_Nxk @ tree.weights_Lxk[nodes].T + tree.biases_L[nodes]
+    children = jnp.stack([logp + jax.nn.log_sigmoid(-s_NxM), logp + jax.nn.log_sigmoid(s_NxM)], -1)
+    logp = children.reshape(n, 2 << level)
+  return logp
+
+
+def log_prob_all(tree: ProbabilisticTree, x_Nxk: jax.Array) -> jax.Array:
+  """log p_n(y|x) for all C labels: (N, C), O(C k) per query (level-by-level)."""
+  return leaf_log_probs(tree, x_Nxk)[:, tree.leaf_of_label_C]
+
+
+def log_prob_chunk(tree: ProbabilisticTree, x_Nxk: jax.Array, start, size: int) -> jax.Array:
+  """log p_n(y|x) for labels start, ..., start + size - 1: (N, size); ids >= C give -inf.
+
+  For memory-bounded chunked evaluation: costs O(size k log C) per query (each
+  label walks its own path), so a sweep over all chunks costs O(C k log C) rather
+  than the O(C k) of `log_prob_all`, but never holds an (N, C) array. `start` may
+  be traced (e.g. inside lax.scan over chunks); `size` is static.
+  """
+  ids = start + jnp.arange(size)
+  valid = ids < tree.num_labels
+  labels_NxS = jnp.broadcast_to(jnp.where(valid, ids, 0), (x_Nxk.shape[0], size))
+  return jnp.where(valid, log_prob(tree, x_Nxk, labels_NxS), -jnp.inf)
+
+
+def sample_with_log_prob(tree: ProbabilisticTree, x_Nxk: jax.Array, rng: jax.Array,
+                         num_samples: int) -> tuple[jax.Array, jax.Array]:
+  """Ancestral sampling y ~ p_n(.|x), O(k log C) per draw (paper Sec. 3).
+
+  Args:
+    tree: the tree.
+    x_Nxk: (N, k) projected features.
+    rng: PRNG key.
+    num_samples: S, i.i.d. draws per row of x.
+
+  Returns:
+    labels: (N, S) int32 in [0, C) (padding is never drawn).
+    log_p: (N, S) float32, log p_n(label | x), accumulated along the path.
+  """
+  n = x_Nxk.shape[0]
+  u_DxNxS = jax.random.uniform(rng, (tree.depth, n, num_samples))
+  node_NxS = jnp.ones((n, num_samples), jnp.int32)
+  logp_NxS = jnp.zeros((n, num_samples), jnp.float32)
+  for level in range(tree.depth):
+    s_NxS = (jnp.einsum("nk,nsk->ns", x_Nxk, tree.weights_Lxk[node_NxS])
+             + tree.biases_L[node_NxS])
+    go_right = u_DxNxS[level] < jax.nn.sigmoid(s_NxS)
+    logp_NxS += jax.nn.log_sigmoid(jnp.where(go_right, s_NxS, -s_NxS))
+    node_NxS = 2 * node_NxS + go_right.astype(jnp.int32)
+  return tree.label_of_leaf_L[node_NxS - tree.num_leaves], logp_NxS
+
+
+def sample(tree: ProbabilisticTree, x_Nxk: jax.Array, rng: jax.Array,
+           num_samples: int) -> jax.Array:
+  """(N, S) int32 labels drawn from p_n(.|x); see `sample_with_log_prob`."""
+  return sample_with_log_prob(tree, x_Nxk, rng, num_samples)[0]

@@ -1,0 +1,145 @@
+"""Negative samplers whose per-step cost does not grow with the number of labels K.
+
+Stratified sampling (what makes sharding exact and layout-independent)
+--------------------------------------------------------------------
+The label range [0, K_pad) is cut into ``V = num_strata`` equal, contiguous
+strata of ``K_pad / V`` rows, and each of the ``B`` draws belongs to one
+stratum (draw b -> stratum b // (B / V)). Within its stratum a draw is uniform
+(or unigram). Every model shard owns V/M whole strata, so a shard samples only
+its own rows and no sampled id ever crosses the network. The draw values depend
+only on (key, stratum, example) -- never on the number of shards M -- so the
+same seed yields the same sample on 1, 2, 4 or 8 model shards as long as M
+divides V.
+
+How this differs from one uniform sample of B labels: a plain uniform sample
+draws each of the B ids from all K labels, so the number of draws landing in a
+stratum is Binomial(B, 1/V); here it is exactly B / V. Each label's marginal
+inclusion probability is unchanged (B / K per draw set, up to the padding of
+the last stratum), but the joint distribution is a stratified one with lower
+variance. With V = 1 it is exactly i.i.d. uniform sampling with replacement.
+Padding rows (K <= row < K_pad) are never drawn: the last stratum draws only
+among its real rows.
+
+All ids returned here are *stratum-local* offsets turned into global label
+ids; samplers also return ``log_q``, the log expected number of times the
+label is drawn among the B draws, which the sampled-softmax logQ correction
+needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from snm_jax.errors import ConfigError
+
+
+def padded_num_labels(num_labels: int, num_strata: int) -> int:
+  """K rounded up to a multiple of the number of strata."""
+  return -(-num_labels // num_strata) * num_strata
+
+
+@dataclasses.dataclass(frozen=True)
+class StratifiedSampler:
+  """Uniform (``unigram=False``) or frequency-proportional stratified sampler.
+
+  Attributes:
+    num_labels: K, the number of real labels.
+    num_samples: B, draws per step (shared) or per example (per-example).
+    num_strata: V; B and K_pad must be divisible by V and V by the mesh's model size.
+    per_example: False draws one set of B ids shared by the whole minibatch
+      (scores are one N x B matmul); True draws B ids for every example
+      (Algorithm 1 of Reddi et al. 2019, exactly).
+    unigram_log_cdf: for unigram sampling, per-row cumulative probabilities
+      *within each stratum* (shape (K_pad,)), built by `unigram_stratum_cdf`.
+  """
+  num_labels: int
+  num_samples: int
+  num_strata: int = 1
+  per_example: bool = False
+  stratum_cdf: np.ndarray | None = None
+
+  def __post_init__(self):
+    if self.num_samples % self.num_strata:
+      raise ConfigError("mining.num_samples",
+                        f"B={self.num_samples} must be divisible by mining.num_strata={self.num_strata}")
+    if self.num_samples < 1:
+      raise ConfigError("mining.num_samples", f"must be >= 1, got {self.num_samples}")
+
+  @property
+  def padded_labels(self) -> int:
+    return padded_num_labels(self.num_labels, self.num_strata)
+
+  @property
+  def rows_per_stratum(self) -> int:
+    return self.padded_labels // self.num_strata
+
+  @property
+  def draws_per_stratum(self) -> int:
+    return self.num_samples // self.num_strata
+
+  def real_rows(self, stratum):
+    """Number of real (non-padding) labels in each stratum; (S,) int32."""
+    start = stratum * self.rows_per_stratum
+    return jnp.clip(self.num_labels - start, 0, self.rows_per_stratum).astype(jnp.int32)
+
+  def sample_strata(self, key, strata, example_ids=None, stratum_cdf=None):
+    """Draws for the given strata.
+
+    Args:
+      key: the step's sampling key (identical on every device).
+      strata: (S,) int32 stratum indices owned by the caller.
+      example_ids: (n,) global example indices, for per-example sampling.
+      stratum_cdf: (S, K_pad / V) within-stratum CDF rows for unigram sampling.
+
+    Returns:
+      ids: (S * B/V,) or (n, S * B/V) int32 global label ids, stratum-major.
+      log_q: same shape, log expected count of each id among the B draws.
+    """
+    d = self.draws_per_stratum
+
+    def one_stratum(s, cdf_s, k):
+      if cdf_s is None:
+        n_real = self.real_rows(s)
+        offs = jax.random.randint(k, (d,), 0, jnp.maximum(n_real, 1), dtype=jnp.int32)
+        log_q = jnp.full((d,), jnp.log(d / jnp.maximum(n_real, 1).astype(jnp.float32)))
+      else:
+        u = jax.random.uniform(k, (d,), dtype=jnp.float32)
+        offs = jnp.searchsorted(cdf_s, u, side="right").astype(jnp.int32)
+        offs = jnp.minimum(offs, self.rows_per_stratum - 1)
+        prev = jnp.where(offs > 0, cdf_s[jnp.maximum(offs - 1, 0)], 0.0)
+        log_q = jnp.log(d * jnp.maximum(cdf_s[offs] - prev, 1e-30))
+      return s * self.rows_per_stratum + offs, log_q
+
+    def for_key(k):
+      keys = jax.vmap(lambda s: jax.random.fold_in(k, s))(strata)
+      if stratum_cdf is None:
+        ids, lq = jax.vmap(lambda s, kk: one_stratum(s, None, kk))(strata, keys)
+      else:
+        ids, lq = jax.vmap(one_stratum)(strata, stratum_cdf, keys)
+      return ids.reshape(-1), lq.reshape(-1)
+
+    if not self.per_example:
+      return for_key(key)
+    ex_keys = jax.vmap(lambda e: jax.random.fold_in(key, e))(example_ids)
+    return jax.vmap(for_key)(ex_keys)
+
+
+def unigram_stratum_cdf(label_counts: np.ndarray, num_strata: int, smoothing: float = 1.0,
+                        power: float = 1.0) -> np.ndarray:
+  """Within-stratum CDFs of p(y) ~ (count_y + smoothing)^power; shape (K_pad,).
+
+  Padding rows get zero mass so they are never drawn.
+  """
+  counts = np.asarray(label_counts, np.float64)
+  k_pad = padded_num_labels(len(counts), num_strata)
+  w = np.zeros(k_pad)
+  w[:len(counts)] = (counts + smoothing) ** power
+  w = w.reshape(num_strata, -1)
+  mass = w.sum(axis=1, keepdims=True)
+  cdf = np.cumsum(w, axis=1) / np.where(mass > 0, mass, 1.0)
+  cdf[:, -1] = np.where(mass[:, 0] > 0, 1.0, cdf[:, -1])
+  return cdf.reshape(-1).astype(np.float32)

@@ -1,0 +1,94 @@
+"""Per-example losses computed from *label-sharded* scores, inside `shard_map`.
+
+Each model shard holds the scores of its share of the sampled negatives,
+``scores`` (n, S_local) with validity ``valid`` (n, S_local); the positive score
+``pos`` (n,) is already replicated over the model axis. Everything that needs
+all B negatives is done with O(n k M) or O(n) communication:
+
+* ordered weighted losses (SNM, Algorithm 1 of Reddi et al. 2019): the weights
+  are split as vartheta = head (first k) + constant tail c, so that
+    loss = sum_{j<k} (head_j - c) * phi(term_[j]) + c * sum_{all valid j} phi(term_j),
+  where term_j = -v_j (BOWL, plus phi(v_y)) or v_y - v_j (POWL) and [j] is the
+  j-th largest sampled score. The first sum needs only the global top-k (a
+  local top-k, then an all-gather of k candidates per shard); the second is a
+  `psum` of per-shard partial sums.
+* softmax-type losses: a `pmax` and a `psum` of per-shard partial sums.
+
+With ``axis_name=None`` (no mesh) the collectives are skipped.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from snm_jax.mining.topk import masked_top_k, merge_top_k_across
+
+
+def _psum(x, axis_name):
+  return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def _pmax(x, axis_name):
+  return x if axis_name is None else jax.lax.pmax(x, axis_name)
+
+
+def owl_terms(pos, neg, kind: str):
+  """The argument of phi for each negative: -v_j (BOWL) or v_y - v_j (POWL)."""
+  return -neg if kind == "bowl" else pos[..., None] - neg
+
+
+def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, tail: float,
+                          phi, kind: str, axis_name=None):
+  """SNM loss of every example from sharded sampled scores.
+
+  Args:
+    pos: (n,) positive scores v_y (replicated over `axis_name`).
+    scores: (n, S) this shard's sampled negative scores.
+    valid: (n, S) bool, False for accidental hits and padding draws.
+    head_minus_tail: (k,) static weights vartheta_j - c for the k hardest.
+    tail: static constant weight c of every sampled negative.
+    phi: elementwise margin surrogate.
+    kind: "bowl" or "powl".
+  Returns:
+    (loss (n,), hardest (n,) top-1 sampled negative score or -inf).
+  """
+  k = len(head_minus_tail)
+  zero = jnp.zeros_like(scores)
+  loss = phi(pos) if kind == "bowl" else jnp.zeros_like(pos)
+  if tail != 0.0:
+    per_neg = jnp.where(valid, phi(owl_terms(pos, jnp.where(valid, scores, zero), kind)), zero)
+    loss = loss + tail * _psum(jnp.sum(per_neg, axis=-1), axis_name)
+  top_vals, top_ids, top_valid = masked_top_k(scores, valid, max(k, 1))
+  if axis_name is not None:
+    top_vals, top_ids, top_valid = merge_top_k_across(top_vals, top_ids, top_valid, max(k, 1), axis_name)
+  if k > 0:
+    safe = jnp.where(top_valid, top_vals, jnp.zeros_like(top_vals))
+    w = jnp.asarray(head_minus_tail, scores.dtype)
+    loss = loss + jnp.sum(jnp.where(top_valid, w * phi(owl_terms(pos, safe, kind)), 0.0), axis=-1)
+  return loss, jax.lax.stop_gradient(top_vals[..., 0])
+
+
+def sampled_softmax_loss(pos, scores, valid, log_q, *, log_q_pos=0.0, axis_name=None):
+  """Sampled softmax with the logQ correction, sharded over the negatives.
+
+  loss = -(v_y - log q_y) + log( exp(v_y - log q_y) + sum_valid exp(v_j - log q_j) ).
+  With log_q = 0 and all labels as "samples" it is the full softmax cross-entropy.
+  """
+  pos_logit = pos - log_q_pos
+  logits = jnp.where(valid, scores - log_q, -jnp.inf)
+  m = _pmax(jax.lax.stop_gradient(jnp.max(logits, axis=-1)), axis_name)
+  m = jnp.maximum(m, jax.lax.stop_gradient(pos_logit))
+  total = _psum(jnp.sum(jnp.where(valid, jnp.exp(logits - m[:, None]), 0.0), axis=-1), axis_name)
+  total = total + jnp.exp(pos_logit - m)
+  return -(pos_logit - m) + jnp.log(total)
+
+
+def logistic_negative_sampling_loss(pos, scores, valid, *, axis_name=None):
+  """Bamler & Mandt Eq. 2, averaged over the valid sampled negatives:
+  -log sigma(v_y) - mean_j log sigma(-v_j)."""
+  neg = _psum(jnp.sum(jnp.where(valid, jax.nn.log_sigmoid(-jnp.where(valid, scores, 0.0)), 0.0),
+                      axis=-1), axis_name)
+  count = _psum(jnp.sum(valid, axis=-1), axis_name)
+  return -jax.nn.log_sigmoid(pos) - neg / jnp.maximum(count, 1)

@@ -1,0 +1,103 @@
+"""Sparse, row-wise optimisers for embedding tables (the class table).
+
+optax transforms act on whole arrays: applied to a K x h table they cost
+O(K h) per step even when only N + B rows received gradient. These optimisers
+gather the touched rows, update them and scatter them back, so a step costs
+O((N + B) h) whatever K is. Duplicate ids are merged first (their gradients
+summed), so the result equals the dense update of the same gradient for SGD,
+and the "lazy" variant of momentum / Adagrad that skips untouched rows.
+
+Each optimiser is a pair of pure functions:
+  init(num_rows, dim, dtype) -> state   (a dict of arrays with leading dim num_rows)
+  update(rows, grads, state_rows, lr) -> (new_rows, new_state_rows)
+and `apply_row_update` does the gather / merge / scatter around them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from snm_jax.errors import ConfigError
+
+
+class RowOptimizer(NamedTuple):
+  init: Callable
+  update: Callable
+
+
+def sgd() -> RowOptimizer:
+  def init(num_rows, dim, dtype=jnp.float32):
+    del num_rows, dim, dtype
+    return {}
+
+  def update(rows, grads, state, lr):
+    return rows - lr * grads, state
+
+  return RowOptimizer(init, update)
+
+
+def momentum(beta: float = 0.9, nesterov: bool = False) -> RowOptimizer:
+  """Lazy heavy-ball momentum: m <- beta m + g on touched rows only."""
+  def init(num_rows, dim, dtype=jnp.float32):
+    return {"momentum": jnp.zeros((num_rows, dim), dtype)}
+
+  def update(rows, grads, state, lr):
+    m = beta * state["momentum"] + grads
+    step = beta * m + grads if nesterov else m
+    return rows - lr * step, {"momentum": m}
+
+  return RowOptimizer(init, update)
+
+
+def adagrad(initial_accumulator: float = 0.1, eps: float = 1e-10) -> RowOptimizer:
+  """Row-wise Adagrad (one accumulator per row, of the mean squared gradient).
+
+  This is the memory-light variant used for large embedding tables (one float
+  per row instead of h); the accumulator only grows on touched rows.
+  """
+  def init(num_rows, dim, dtype=jnp.float32):
+    del dim
+    return {"accumulator": jnp.full((num_rows,), initial_accumulator, dtype)}
+
+  def update(rows, grads, state, lr):
+    acc = state["accumulator"] + jnp.mean(jnp.square(grads), axis=-1)
+    return rows - lr * grads / (jnp.sqrt(acc)[:, None] + eps), {"accumulator": acc}
+
+  return RowOptimizer(init, update)
+
+
+def get_row_optimizer(name: str, **kwargs) -> RowOptimizer:
+  table = {"sgd": sgd, "momentum": momentum, "adagrad": adagrad}
+  if name not in table:
+    raise ConfigError("table.optimizer", f"unknown row optimiser {name!r}; choose from {sorted(table)}")
+  return table[name](**kwargs)
+
+
+def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer):
+  """Applies `opt` to the rows of `table` named by `row_ids`.
+
+  Args:
+    table: (R_local, h) table (or table shard).
+    state: dict of (R_local, ...) optimiser state arrays.
+    row_ids: (T,) int32 local row ids; ids outside [0, R_local) are ignored
+      (use R_local to mark "not mine" / padding).
+    grads: (T, h) gradient of each touched row (duplicates are summed).
+    lr: scalar learning rate.
+  Returns:
+    (table, state) with only the touched rows changed; cost O(T h + T log T).
+  """
+  num_rows = table.shape[0]
+  t = row_ids.shape[0]
+  row_ids = jnp.where((row_ids >= 0) & (row_ids < num_rows), row_ids, num_rows)
+  unique, inverse = jnp.unique(row_ids, size=t, fill_value=num_rows, return_inverse=True)
+  merged = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=t)
+  rows = table.at[unique].get(mode="fill", fill_value=0)
+  state_rows = jax.tree.map(lambda s: s.at[unique].get(mode="fill", fill_value=0), state)
+  new_rows, new_state_rows = opt.update(rows, merged.astype(rows.dtype), state_rows, lr)
+  table = table.at[unique].set(new_rows.astype(table.dtype), mode="drop")
+  state = jax.tree.map(lambda s, n: s.at[unique].set(n.astype(s.dtype), mode="drop"),
+                       state, new_state_rows)
+  return table, state

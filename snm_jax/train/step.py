@@ -1,0 +1,219 @@
+"""The jitted SNM / S2M train step on a (data, model) mesh.
+
+One step, for a minibatch of N examples and B sampled negatives:
+  1. sample + gather (no gradient): every model shard draws its strata's share
+     of the B negatives from its own rows (`snm_jax.mining.samplers`) and
+     gathers those rows and the rows of the positives it owns;
+  2. loss (differentiated w.r.t. the tower and the *gathered rows*, never the
+     whole table): queries from the tower, local scores, distributed top-k
+     mining and the per-example loss (`snm_jax.mining.sharded_losses`), then
+     the minibatch reduction: mean, or S2M's average of the top-k' losses;
+  3. update: optax on the tower; a row-wise optimiser on the touched rows of
+     each table shard (`snm_jax.train.row_optimizers`), shard-locally.
+The cost is O((N + B) h) for the table and O(N B h / M) for scoring; nothing
+is O(K). Communication per step: an all-gather of N k candidates per shard,
+psums of N-vectors, and the data-parallel sum of the B gathered rows' gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from snm_jax.mining import sharded_losses
+from snm_jax.mining.samplers import StratifiedSampler
+from snm_jax.models.towers import l2_normalize
+from snm_jax.sharding import DATA, MODEL
+from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
+
+P = jax.P
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any            # dense tower (replicated), optax-updated
+  opt_state: Any
+  table: jax.Array       # (K_pad, h) class embeddings, row-sharded over `model`
+  table_state: Any       # row-optimiser state, leading dim K_pad
+  aux: Any = None        # method-specific state (e.g. SOPRC's auxiliary vector)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+  """Static description of the per-example loss.
+
+  kind: "bowl" | "powl" (SNM with weights vartheta) | "sampled_softmax" |
+    "full_softmax" | "logistic_ns" (Bamler & Mandt Eq. 2).
+  head_minus_tail, tail: vartheta split as head (first k) + constant tail.
+  phi: margin surrogate (callable).
+  scale: scores are multiplied by it before the loss (a softmax temperature).
+  reduction: "mean" or "s2m" (average of the top-`k_prime` per-example losses).
+  """
+  kind: str
+  phi: Callable | None = None
+  head_minus_tail: tuple = ()
+  tail: float = 0.0
+  scale: float = 1.0
+  reduction: str = "mean"
+  k_prime: int = 0
+
+
+def _avg_top_k(values, mask, k):
+  """Mean of the k largest valid entries (S2M, Rawat et al. 2021)."""
+  from snm_jax.losses import s2m_loss  # pylint: disable=g-import-not-at-top
+  return s2m_loss(values, k, mask=mask)
+
+
+def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
+                    row_opt: RowOptimizer, table_lr: Callable, sampler: StratifiedSampler,
+                    loss: LossSpec, mesh, normalize_classes: bool,
+                    stratum_cdf: jax.Array | None = None, donate: bool = True):
+  """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
+
+  batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
+    'label_set' (N, L) padded -1, 'valid' (N,) bool, 'example_id' (N,) -- all
+    sharded over `data`.
+  """
+  num_model = mesh.shape[MODEL]
+  num_labels = sampler.num_labels
+  if sampler.num_strata % num_model:
+    raise ValueError(f"mining.num_strata={sampler.num_strata} must be a multiple of the "
+                     f"mesh's model size {num_model}")
+  strata_per_shard = sampler.num_strata // num_model
+  per_example = sampler.per_example
+  has_cdf = stratum_cdf is not None
+
+  ids_spec = P(DATA, MODEL) if per_example else P(MODEL)
+  rows_spec = P(DATA, MODEL, None) if per_example else P(MODEL, None)
+
+  # ---- 1. sample + gather ---------------------------------------------------
+  def sample_gather(table_l, labels_l, example_ids_l, key, *cdf_l):
+    j = jax.lax.axis_index(MODEL)
+    k_loc = table_l.shape[0]
+    strata = j * strata_per_shard + jnp.arange(strata_per_shard)
+    cdf = cdf_l[0].reshape(strata_per_shard, -1) if has_cdf else None
+    ids, log_q = sampler.sample_strata(key, strata, example_ids_l, cdf)
+    rows = jnp.take(table_l, ids - j * k_loc, axis=0)
+    owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
+    pos_rows = jnp.take(table_l, jnp.clip(labels_l - j * k_loc, 0, k_loc - 1), axis=0)
+    pos_rows = jnp.where(owned[:, None], pos_rows, 0.0)
+    return ids, log_q, rows, pos_rows[None], owned[None]
+
+  in_specs = (P(MODEL, None), P(DATA), P(DATA), P()) + ((P(MODEL),) if has_cdf else ())
+  sample_gather_sm = jax.shard_map(
+      sample_gather, mesh=mesh, in_specs=in_specs,
+      out_specs=(ids_spec, ids_spec, rows_spec, P(MODEL, DATA, None), P(MODEL, DATA)))
+
+  # ---- 2. mined loss --------------------------------------------------------
+  def class_rows(rows):
+    return l2_normalize(rows) if normalize_classes else rows
+
+  def mined_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l):
+    pos = jax.lax.psum(jnp.sum(q_l * class_rows(pos_rows_l[0]), axis=-1), MODEL)
+    rows = class_rows(rows_l)
+    if per_example:
+      scores = jnp.einsum("nh,nsh->ns", q_l, rows)
+      ids, log_q = ids_l, log_q_l
+    else:
+      scores = q_l @ rows.T
+      ids = jnp.broadcast_to(ids_l[None], scores.shape)
+      log_q = jnp.broadcast_to(log_q_l[None], scores.shape)
+    hit = jnp.any(ids[:, :, None] == label_set_l[:, None, :], axis=-1)
+    valid = (ids < num_labels) & ~hit
+    pos, scores = loss.scale * pos, loss.scale * scores
+    hardest = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(jnp.where(valid, scores, -jnp.inf), -1)), MODEL)
+    if loss.kind in ("bowl", "powl"):
+      per_ex, _ = sharded_losses.ordered_weighted_loss(
+          pos, scores, valid, head_minus_tail=np.asarray(loss.head_minus_tail, np.float32),
+          tail=loss.tail, phi=loss.phi, kind=loss.kind, axis_name=MODEL)
+    elif loss.kind == "sampled_softmax":
+      per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, log_q, axis_name=MODEL)
+    elif loss.kind == "full_softmax":
+      per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, jnp.zeros_like(scores),
+                                                   axis_name=MODEL)
+    elif loss.kind == "logistic_ns":
+      per_ex = sharded_losses.logistic_negative_sampling_loss(pos, scores, valid, axis_name=MODEL)
+    else:
+      raise ValueError(f"unknown loss kind {loss.kind!r}")
+    n_valid = jax.lax.psum(jnp.sum(valid, axis=-1), MODEL)
+    return per_ex, pos, hardest, n_valid
+
+  mined_loss_sm = jax.shard_map(
+      mined_loss, mesh=mesh,
+      in_specs=(P(DATA, None), rows_spec, P(MODEL, DATA, None), ids_spec, ids_spec, P(DATA, None)),
+      out_specs=(P(DATA), P(DATA), P(DATA), P(DATA)))
+
+  # ---- 3. shard-local sparse table update -------------------------------------
+  def update_table(table_l, tstate_l, ids_l, row_grads_l, pos_grads_l, owned_l, labels_l, lr):
+    j = jax.lax.axis_index(MODEL)
+    k_loc = table_l.shape[0]
+    h = table_l.shape[1]
+    if per_example:  # every data shard drew its own examples' negatives
+      ids_l = jax.lax.all_gather(ids_l, DATA, tiled=True)
+      row_grads_l = jax.lax.all_gather(row_grads_l, DATA, tiled=True)
+    pos_grads = jax.lax.all_gather(pos_grads_l[0], DATA, tiled=True)
+    owned = jax.lax.all_gather(owned_l[0], DATA, tiled=True)
+    labels = jax.lax.all_gather(labels_l, DATA, tiled=True)
+    neg_ids = jnp.where(ids_l < num_labels, ids_l - j * k_loc, k_loc).reshape(-1)
+    pos_ids = jnp.where(owned, labels - j * k_loc, k_loc)
+    row_ids = jnp.concatenate([neg_ids, pos_ids])
+    grads = jnp.concatenate([row_grads_l.reshape(-1, h), pos_grads])
+    return apply_row_update(table_l, tstate_l, row_ids, grads, lr, row_opt)
+
+  def update_table_sm(table, tstate, ids, row_grads, pos_grads, owned, labels, lr):
+    tstate_specs = jax.tree.map(lambda _: P(MODEL), tstate)
+    return jax.shard_map(
+        update_table, mesh=mesh,
+        in_specs=(P(MODEL, None), tstate_specs, ids_spec, rows_spec, P(MODEL, DATA, None),
+                  P(MODEL, DATA), P(DATA), P()),
+        # Every data replica of a table shard applies the same all-gathered
+        # update; all_gather results are typed "varying" over `data`, hence no
+        # replication check here (this map is never differentiated).
+        out_specs=(P(MODEL, None), tstate_specs), check_vma=False)(table, tstate, ids, row_grads, pos_grads,
+                                                   owned, labels, lr)
+
+  def reduce(per_ex, valid):
+    if loss.reduction == "s2m":
+      return _avg_top_k(per_ex, valid, loss.k_prime)
+    w = valid.astype(per_ex.dtype)
+    return jnp.sum(per_ex * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+  def train_step(state: TrainState, batch, rng):
+    cdf_args = (stratum_cdf,) if has_cdf else ()
+    ids, log_q, rows, pos_rows, owned = sample_gather_sm(
+        state.table, batch["label"], batch["example_id"], rng, *cdf_args)
+
+    def loss_fn(params, rows, pos_rows):
+      q = tower_apply(params, batch["feat_ids"], batch["feat_vals"])
+      per_ex, pos, hardest, n_valid = mined_loss_sm(q, rows, pos_rows, ids, log_q, batch["label_set"])
+      per_ex = jnp.where(batch["valid"], per_ex, 0.0)
+      return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid)
+
+    (loss_value, (per_ex, pos, hardest, n_valid)), (g_params, g_rows, g_pos) = jax.value_and_grad(
+        loss_fn, argnums=(0, 1, 2), has_aux=True)(state.params, rows, pos_rows)
+    updates, opt_state = tx.update(g_params, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    table, table_state = update_table_sm(state.table, state.table_state, ids, g_rows, g_pos,
+                                         owned, batch["label"], table_lr(state.step))
+    valid = batch["valid"].astype(jnp.float32)
+    denom = jnp.maximum(jnp.sum(valid), 1.0)
+    metrics = {
+        "loss": loss_value,
+        "pos_score": jnp.sum(pos * valid) / denom,
+        "hardest_neg_score": jnp.sum(jnp.where(batch["valid"], hardest, 0.0)) / denom,
+        "valid_negatives": jnp.sum(n_valid * valid) / denom,
+        "max_example_loss": jnp.max(jnp.where(batch["valid"], per_ex, -jnp.inf)),
+    }
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              table=table, table_state=table_state)
+    return new_state, metrics
+
+  return jax.jit(train_step, donate_argnums=(0,) if donate else ())
