@@ -53,14 +53,13 @@ class StratifiedSampler:
     per_example: False draws one set of B ids shared by the whole minibatch
       (scores are one N x B matmul); True draws B ids for every example
       (Algorithm 1 of Reddi et al. 2019, exactly).
-    unigram_log_cdf: for unigram sampling, per-row cumulative probabilities
-      *within each stratum* (shape (K_pad,)), built by `unigram_stratum_cdf`.
+    full: "draw" every label exactly once (full softmax); num_samples must be K_pad.
   """
   num_labels: int
   num_samples: int
   num_strata: int = 1
   per_example: bool = False
-  stratum_cdf: np.ndarray | None = None
+  full: bool = False
 
   def __post_init__(self):
     if self.num_samples % self.num_strata:
@@ -68,6 +67,8 @@ class StratifiedSampler:
                         f"B={self.num_samples} must be divisible by mining.num_strata={self.num_strata}")
     if self.num_samples < 1:
       raise ConfigError("mining.num_samples", f"must be >= 1, got {self.num_samples}")
+    if self.full and self.num_samples != self.padded_labels:
+      raise ConfigError("mining.num_samples", "the full sampler draws each of the K_pad labels once")
 
   @property
   def padded_labels(self) -> int:
@@ -102,6 +103,8 @@ class StratifiedSampler:
     d = self.draws_per_stratum
 
     def one_stratum(s, cdf_s, k):
+      if self.full:
+        return s * self.rows_per_stratum + jnp.arange(d, dtype=jnp.int32), jnp.zeros((d,))
       if cdf_s is None:
         n_real = self.real_rows(s)
         offs = jax.random.randint(k, (d,), 0, jnp.maximum(n_real, 1), dtype=jnp.int32)

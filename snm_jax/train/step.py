@@ -43,7 +43,8 @@ class TrainState:
   opt_state: Any
   table: jax.Array       # (K_pad, h) class embeddings, row-sharded over `model`
   table_state: Any       # row-optimiser state, leading dim K_pad
-  aux: Any = None        # method-specific state (e.g. SOPRC's auxiliary vector)
+  nonfinite_steps: Any = 0         # count of steps whose loss was NaN/inf (update dropped)
+  first_nonfinite_step: Any = -1   # the first such step, -1 if none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +200,17 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
 
     (loss_value, (per_ex, pos, hardest, n_valid)), (g_params, g_rows, g_pos) = jax.value_and_grad(
         loss_fn, argnums=(0, 1, 2), has_aux=True)(state.params, rows, pos_rows)
+    # A non-finite loss drops the table update (zero gradient, zero step) so the
+    # state stays the last good one; the tower relies on optax.apply_if_finite
+    # (on_nonfinite="skip") or on the loop stopping (on_nonfinite="stop").
+    finite = jnp.isfinite(loss_value)
+    g_rows = jnp.where(finite, g_rows, 0.0)
+    g_pos = jnp.where(finite, g_pos, 0.0)
     updates, opt_state = tx.update(g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     table, table_state = update_table_sm(state.table, state.table_state, ids, g_rows, g_pos,
-                                         owned, batch["label"], table_lr(state.step))
+                                         owned, batch["label"],
+                                         jnp.where(finite, table_lr(state.step), 0.0))
     valid = batch["valid"].astype(jnp.float32)
     denom = jnp.maximum(jnp.sum(valid), 1.0)
     metrics = {
@@ -212,8 +220,12 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
         "valid_negatives": jnp.sum(n_valid * valid) / denom,
         "max_example_loss": jnp.max(jnp.where(batch["valid"], per_ex, -jnp.inf)),
     }
+    first_bad = jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step,
+                          state.first_nonfinite_step)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              table=table, table_state=table_state)
+                              table=table, table_state=table_state,
+                              nonfinite_steps=state.nonfinite_steps + (~finite).astype(jnp.int32),
+                              first_nonfinite_step=first_bad)
     return new_state, metrics
 
   return jax.jit(train_step, donate_argnums=(0,) if donate else ())

@@ -1,0 +1,96 @@
+"""The full set of config fields, with their defaults and meaning.
+
+Every experiment config starts from `base_config()` and overrides fields; any
+field can also be overridden on the command line (`--config.mining.k=16`).
+"""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0                      # Drives init, sampling and data order; same seed -> same bits.
+
+  c.dataset = ml_collections.ConfigDict()
+  c.dataset.name = "bibtex"       # A dataset in ../shared/data or the cache, or "synthetic".
+  c.dataset.data_dir = ""         # Overrides the search path for real datasets.
+  c.dataset.fallback_to_synthetic = False  # If the named dataset is missing, train on synthetic data (with a notice).
+  # Multilabel -> multiclass conversion of the training set:
+  # sample_one_positive (SNM paper) | expand_all_positives (S2M) | first_label (Bamler & Mandt) | smallest_label_drop_empty.
+  c.dataset.conversion = "sample_one_positive"
+  c.dataset.max_nnz = 0           # Padded nnz per row; 0 = the largest row of the training set. Truncation is counted.
+  c.dataset.max_labels = 0        # Padded label-set width; 0 = the largest label set.
+  c.dataset.normalize_rows = True  # Row L2 normalisation of the features.
+  c.dataset.synthetic = ml_collections.ConfigDict()
+  c.dataset.synthetic.num_labels = 4096      # K of the generator.
+  c.dataset.synthetic.num_train = 20000
+  c.dataset.synthetic.num_test = 2000
+  c.dataset.synthetic.dim = 64               # Feature dimension.
+  c.dataset.synthetic.seed = 1234            # The problem's own seed (fixed across run seeds).
+
+  c.model = ml_collections.ConfigDict()
+  c.model.kind = "snm_tower"      # snm_tower (EmbeddingBag -> ReLU -> Dense -> L2) | linear (Bamler & Mandt).
+  c.model.hidden = 512            # Embedding-bag width.
+  c.model.out = 512               # Query / class embedding width h.
+  c.model.normalize_classes = True  # Score with L2-normalised class rows (cosines in [-1, 1]).
+
+  c.table = ml_collections.ConfigDict()
+  c.table.optimizer = "sgd"       # Row-wise sparse optimiser: sgd | momentum | adagrad.
+  c.table.learning_rate = 1.0
+  c.table.momentum = 0.9          # For table.optimizer=momentum.
+  c.table.init_scale = 1.0        # Std of the N(0, s^2) initial rows (before normalisation at use).
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "momentum"   # optax optimiser of the dense tower: sgd | momentum | adam | adagrad.
+  c.optimizer.learning_rate = 0.1
+  c.optimizer.momentum = 0.9
+  c.optimizer.warmup_steps = 0
+  c.optimizer.decay = "constant"  # constant | cosine (to 0 at train.num_steps).
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.kind = "bowl"            # bowl | powl (SNM) | sampled_softmax | full_softmax | logistic_ns.
+  c.loss.phi = "hinge"            # hinge | squared_hinge | logistic | exponential | ramp.
+  c.loss.ramp_rho = 1.0           # rho of the ramp surrogate.
+  c.loss.scale = 1.0              # Scores are multiplied by this before the loss (softmax temperature).
+  c.loss.reduction = "mean"       # mean | s2m (average of the k' largest per-example losses).
+  c.loss.k_prime = 0              # k' of S2M; must be <= train.batch_size.
+
+  c.mining = ml_collections.ConfigDict()
+  c.mining.sampler = "uniform"    # uniform | unigram | full (all labels; small K only).
+  c.mining.per_example = False    # False: B ids shared by the minibatch; True: B per example (Alg. 1).
+  c.mining.num_samples = 1024     # B.
+  c.mining.num_strata = 8         # V: sampling strata; the mesh's model size must divide it.
+  c.mining.unigram_power = 1.0    # p(y) ~ count^power for the unigram sampler.
+  c.mining.k = 16                 # Hardest negatives kept (vartheta's support).
+  c.mining.vartheta = "top_k"     # top_k | negative_sampling | power_law.
+  c.mining.scale = "mean"         # top_k/power_law normalisation: mean (1/k) | expectation ((K-1)/(kB)).
+  c.mining.power_alpha = 1.0      # power_law exponent.
+  c.mining.floor = 0.0            # Calibration floor eps for j > k (footnote 2 of Reddi et al.).
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (-1, 1)          # (data, model); one entry may be -1.
+
+  c.train = ml_collections.ConfigDict()
+  c.train.batch_size = 256        # Global minibatch N.
+  c.train.num_steps = 1000
+  c.train.log_every = 50
+  c.train.eval_every = 500        # 0 = only at the end.
+  c.train.checkpoint_every = 500  # 0 = only at the end.
+  c.train.keep_checkpoints = 2
+  c.train.on_nonfinite = "stop"   # stop | skip (the batch's update is dropped and counted).
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.k_max = 5                # P@k / nDCG@k / PSP@k for k = 1..k_max (k=1,3,5 reported).
+  c.eval.recall_r = 100           # Largest r of retrieval recall@r curves.
+  c.eval.query_chunk = 512        # Queries per retrieval call (bounded memory).
+  c.eval.row_block = 4096         # Class rows scored per scan block.
+  c.eval.max_examples = 0         # Evaluate on the first n test points (0 = all).
+  c.eval.psp_a = 0.55             # Jain et al. propensity A.
+  c.eval.psp_b = 1.5              # Jain et al. propensity B.
+
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.
+  c.distributed.coordinator_address = ""
+  c.distributed.num_processes = 0
+  c.distributed.process_id = -1
+  return c

@@ -1,0 +1,40 @@
+r"""SNM top-k on Bibtex: the README demo's base configuration.
+
+  python -m experiments.train --config=experiments/configs/default.py --workdir=/tmp/snm_default
+  python -m experiments.train --config=experiments/configs/default.py:runlocal --workdir=/tmp/snm_tiny
+
+Variants: "" (default, a few minutes on 2 CPU cores), "runlocal" (seconds; for tests).
+"""
+
+from experiments.configs import common
+
+
+def get_config(arg: str = ""):
+  c = common.base_config()
+  c.dataset.name = "bibtex"
+  c.dataset.fallback_to_synthetic = True
+  c.model.hidden = 256
+  c.model.out = 256
+  c.mining.num_samples = 64
+  c.mining.k = 1
+  c.loss.phi = "hinge"
+  c.table.learning_rate = 0.5
+  c.optimizer.learning_rate = 0.05
+  c.train.batch_size = 128
+  c.train.num_steps = 1500
+  c.train.log_every = 100
+  c.train.eval_every = 500
+  c.train.checkpoint_every = 500
+  if arg == "runlocal":
+    c.model.hidden = 32
+    c.model.out = 32
+    c.train.num_steps = 20
+    c.train.batch_size = 32
+    c.train.log_every = 5
+    c.train.eval_every = 10
+    c.train.checkpoint_every = 10
+    c.eval.max_examples = 256
+  elif arg:
+    raise ValueError(f"unknown variant {arg!r} of default.py; choose '' or 'runlocal'")
+  c.lock()
+  return c

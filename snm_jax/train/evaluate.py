@@ -1,0 +1,89 @@
+"""Evaluation: embed the test points, exact top-k over the (sharded) class table
+in bounded-memory chunks, then the multi-label and retrieval metrics."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+import scipy.sparse as sp
+
+from snm_jax import metrics
+from snm_jax.data.pipeline import SparseBatcher
+from snm_jax.mining.retrieval import make_top_k_retrieval
+from snm_jax.sharding import DATA, named
+from snm_jax.train.host import to_host
+
+REPORTED_K = (1, 3, 5)
+
+
+class Evaluator:
+  """Top-k predictions of a trained model on a fixed set of points.
+
+  Every process holds the whole evaluation set (it is small next to training
+  data); each chunk of `query_chunk` points is embedded and retrieved with the
+  batch sharded over `data` and the table over `model`.
+  """
+
+  def __init__(self, *, tower_apply: Callable, features, labels, mesh, num_labels: int,
+               k: int, query_chunk: int, row_block: int, normalize_classes: bool,
+               max_nnz: int, max_labels: int, bias_fn=None, extra_fn=None):
+    n_data = mesh.shape[DATA]
+    chunk = -(-query_chunk // n_data) * n_data
+    self.mesh, self.k, self.extra_fn = mesh, k, extra_fn
+    self.num_points = features.shape[0]
+    self.batcher = SparseBatcher(features, labels, None, global_batch_size=chunk,
+                                 max_nnz=max_nnz, max_labels=max_labels, shuffle=False,
+                                 num_epochs=1, process_index=0, process_count=1)
+    self.embed = jax.jit(tower_apply)
+    self.retrieve = make_top_k_retrieval(mesh, k=k, num_labels=num_labels, row_block=row_block,
+                                         normalize_classes=normalize_classes, bias_fn=bias_fn)
+    self._sharding = named(mesh, jax.P(DATA))
+
+  def predict(self, params, table) -> np.ndarray:
+    """(num_points, k) int predicted label ids, best first (-1 if K < k)."""
+    out = []
+    self.batcher.set_state({"epoch": 0, "position": 0})
+    for batch in self.batcher:
+      put = lambda x: jax.device_put(x, self._sharding)
+      q = self.embed(params, put(batch["feat_ids"]), put(batch["feat_vals"]))
+      extra = None
+      if self.extra_fn is not None:
+        extra = put(self.extra_fn(batch["example_id"]))
+      _, ids = self.retrieve(q, table, extra)
+      out.append(to_host(ids)[batch["valid"]])
+    return np.concatenate(out)[:self.num_points]
+
+
+def multilabel_metrics(pred: np.ndarray, labels: sp.csr_matrix, propensities, k_max: int) -> dict:
+  """P@k, R@k, nDCG@k, PSP@k (normalised) for k in REPORTED_K (<= k_max)."""
+  out = {}
+  for name, fn in (("P", metrics.precision_at_k), ("R", metrics.recall_at_k),
+                   ("nDCG", metrics.ndcg_at_k)):
+    vals = fn(pred, labels, k_max)
+    out.update({f"{name}@{k}": float(vals[k - 1]) for k in REPORTED_K if k <= k_max})
+  psp = metrics.psp_at_k(pred, labels, k_max, propensities)
+  out.update({f"PSP@{k}": float(psp[k - 1]) for k in REPORTED_K if k <= k_max})
+  return out
+
+
+def retrieval_metrics(pred: np.ndarray, labels: sp.csr_matrix, train_label_counts,
+                      r_max: int) -> dict:
+  """Retrieval recall@r over all (x, y) test pairs, overall and per Head/Torso/Tail.
+
+  Returns {"recall@r": [r=1..r_max], "recall@r/head": [...], ...}.
+  """
+  labels = sp.csr_matrix(labels)
+  rows = np.repeat(np.arange(labels.shape[0]), np.diff(labels.indptr))
+  pair_labels = labels.indices
+  pair_pred = pred[rows]
+  r_max = min(r_max, pred.shape[1])
+  out = {"recall@r": metrics.retrieval_recall_at_r(pair_pred, pair_labels, r_max).tolist()}
+  masks = metrics.subpopulation_masks(train_label_counts, pair_labels)
+  for name, mask in masks.items():
+    if mask.any():
+      out[f"recall@r/{name}"] = metrics.retrieval_recall_at_r(
+          pair_pred[mask], pair_labels[mask], r_max).tolist()
+      out[f"num_pairs/{name}"] = int(mask.sum())
+  return out
