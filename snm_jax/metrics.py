@@ -10,7 +10,7 @@ for k = 1..k_max, averaged over all N points (the Extreme Classification
 Repository conventions, as in its `xclib.evaluation.xc_metrics`).
 """
 
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, Sequence, Union
 
 import numpy as np
 import scipy.sparse as sp
@@ -218,24 +218,13 @@ def mean_average_precision(scores: Union[np.ndarray, Sequence], relevance) -> fl
   return float(np.nanmean(aps)) if np.any(~np.isnan(aps)) else float("nan")
 
 
-def _repeated_quantile(counts: np.ndarray, qs) -> np.ndarray:
-  """np.quantile(np.repeat(counts, counts), qs) without materialising the repeat."""
-  values = np.sort(counts)
-  ends = np.cumsum(values)  # value i occupies positions [ends[i]-values[i], ends[i])
-  pos = np.asarray(qs, np.float64) * (ends[-1] - 1)
-  at = lambda p: values[np.searchsorted(ends, p, side="right")]
-  lo = np.floor(pos)
-  return at(lo) + (pos - lo) * (at(np.minimum(lo + 1, ends[-1] - 1)) - at(lo))
-
-
-def subpopulation_masks(train_label_counts, labels, quantiles=(1 / 3, 2 / 3),
-                        by: str = "labels") -> dict[str, np.ndarray]:
+def subpopulation_masks(train_label_counts, labels,
+                        quantiles=(1 / 3, 2 / 3)) -> dict[str, np.ndarray]:
   """Head / Torso / Tail masks over test pairs by their label's training frequency.
 
   Thresholds q_lo, q_hi = np.quantile(f, quantiles) (linear interpolation),
-  where f is the training count of every label seen in training (count > 0),
-  one entry per label (`by="labels"`), or one entry per training pair
-  (`by="pairs"`, i.e. label l repeated N_l times). A pair with label l is
+  where f holds the training count N_l of every label seen in training
+  (N_l > 0), one entry per label (not weighted by pairs). A pair with label l is
     tail:  N_l <= q_lo   (includes labels unseen in training),
     torso: q_lo < N_l <= q_hi,
     head:  N_l > q_hi,
@@ -248,7 +237,6 @@ def subpopulation_masks(train_label_counts, labels, quantiles=(1 / 3, 2 / 3),
     labels: int array of test-pair labels, any shape; -1 entries (padding)
       are False in every mask.
     quantiles: (lo, hi) with 0 <= lo <= hi <= 1.
-    by: "labels" or "pairs", see above.
 
   Returns:
     {"head", "torso", "tail"} -> bool arrays shaped like `labels`, disjoint,
@@ -262,12 +250,7 @@ def subpopulation_masks(train_label_counts, labels, quantiles=(1 / 3, 2 / 3),
   seen = counts[counts > 0]
   if seen.size == 0:
     raise ValueError("train_label_counts: no label has a positive count")
-  if by == "labels":
-    q_lo, q_hi = np.quantile(seen, [lo, hi])
-  elif by == "pairs":
-    q_lo, q_hi = _repeated_quantile(seen, [lo, hi])
-  else:
-    raise ValueError(f"by: must be 'labels' or 'pairs', got {by!r}")
+  q_lo, q_hi = np.quantile(seen, [lo, hi])
   valid = labels >= 0
   freq = np.where(valid, counts[np.where(valid, labels, 0)], 0.0)
   return {

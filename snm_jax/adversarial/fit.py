@@ -41,6 +41,10 @@ import numpy as np
 from snm_jax.adversarial import tree as tree_lib
 
 _LINE_SEARCH_STEPS = (1.0, 0.5, 0.25, 0.125, 0.0)
+_POWER_ITERS = 100
+# Node arrays at level l are sized to the smallest (L/2) / _NODE_BUCKET^j >= 2^l: a few
+# compilations instead of one per level, and no L/2-sized solves at the top levels.
+_NODE_BUCKET = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,19 +75,30 @@ def node_objective(theta_MxK1, xa_NxK1, zeta_N, node_N, reg):
   return ll_M - reg * jnp.sum(theta_MxK1**2, -1)
 
 
-def newton_step(theta_MxK1, xa_NxK1, zeta_N, node_N, reg):
+def upper_outer_products(xa_NxK1):
+  """(N, T) upper triangles of x_i x_i^T, T = (k+1)(k+2)/2; computed once per fit.
+
+  Storing them (N * T * 4 bytes, ~0.6 GB for N = 10^6, k = 16) turns each Newton
+  step's Hessian into one weighted segment sum instead of rebuilding N outer products.
+  """
+  iu, ju = np.triu_indices(xa_NxK1.shape[1])
+  return xa_NxK1[:, iu] * xa_NxK1[:, ju]
+
+
+def newton_step(theta_MxK1, xa_NxK1, outer_NxT, zeta_N, node_N, reg):
   """One damped Newton ascent step on every node's L_n at once.
 
   Args:
     theta_MxK1: (M, k+1) per-node [w, b].
     xa_NxK1: (N, k+1) points with a trailing 1.
+    outer_NxT: (N, T) `upper_outer_products(xa_NxK1)`.
     zeta_N: (N,) +1 / -1, the side of each point's label in its node.
     node_N: (N,) int node index in [0, M) of each point.
     reg: lambda_n.
 
   Returns:
-    (M, k+1) new parameters; per node, the step size among 1, 1/2, 1/4, 1/8, 0 with
-    the largest L_n, so L_n never decreases.
+    (M, k+1) new parameters: theta + t * H^-1 grad with, per node, the step size t
+    among 1, 1/2, 1/4, 1/8, 0 that gives the largest L_n (so L_n never decreases).
   """
   m, k1 = theta_MxK1.shape
   s_N = jnp.sum(xa_NxK1 * theta_MxK1[node_N], -1)
@@ -91,10 +106,13 @@ def newton_step(theta_MxK1, xa_NxK1, zeta_N, node_N, reg):
   grad_MxK1 = (jax.ops.segment_sum((zeta_N * jax.nn.sigmoid(-z_N))[:, None] * xa_NxK1, node_N, m)
                - 2.0 * reg * theta_MxK1)
   r_N = jax.nn.sigmoid(z_N) * jax.nn.sigmoid(-z_N)
-  outer_NxK1xK1 = (r_N[:, None] * xa_NxK1)[:, :, None] * xa_NxK1[:, None, :]
-  neg_hess_MxK1xK1 = (jax.ops.segment_sum(outer_NxK1xK1, node_N, m)
-                      + 2.0 * reg * jnp.eye(k1, dtype=theta_MxK1.dtype))
-  step_MxK1 = jnp.linalg.solve(neg_hess_MxK1xK1, grad_MxK1[..., None])[..., 0]
+  upper_MxT = jax.ops.segment_sum(r_N[:, None] * outer_NxT, node_N, m)
+  iu, ju = np.triu_indices(k1)
+  sym_idx = np.zeros((k1, k1), np.int32)
+  sym_idx[iu, ju] = sym_idx[ju, iu] = np.arange(len(iu))
+  neg_hess_MxK1xK1 = upper_MxT[:, sym_idx] + 2.0 * reg * jnp.eye(k1, dtype=theta_MxK1.dtype)
+  chol = jax.scipy.linalg.cho_factor(neg_hess_MxK1xK1, lower=True)
+  step_MxK1 = jax.scipy.linalg.cho_solve(chol, grad_MxK1[..., None])[..., 0]
 
   ts_T = jnp.asarray(_LINE_SEARCH_STEPS, theta_MxK1.dtype)
   d_N = jnp.sum(xa_NxK1 * step_MxK1[node_N], -1)
@@ -145,12 +163,20 @@ def _eig_init(label_at_slot_L, sums_Cxk, shift, num_nodes):
   second_Mxkxk = jax.ops.segment_sum(sums_Cxk[:, :, None] * sums_Cxk[:, None, :], node_C,
                                      num_nodes) / cnt_M[:, None, None]
   cov_Mxkxk = second_Mxkxk - mean_Mxk[:, :, None] * mean_Mxk[:, None, :]
-  w_Mxk = jnp.linalg.eigh(cov_Mxkxk)[1][..., -1]
+  # Power iteration: batched eigh on up to L/2 tiny matrices per level is far slower.
+  cov_Mxkxk = cov_Mxkxk / jnp.maximum(jnp.trace(cov_Mxkxk, axis1=1, axis2=2), 1e-30)[:, None, None]
+  v0_k = 1.0 + jnp.arange(k, dtype=jnp.float32) / k
+
+  def power_step(_, v_Mxk):
+    v_Mxk = jnp.einsum("mij,mj->mi", cov_Mxkxk, v_Mxk)
+    return v_Mxk / jnp.maximum(jnp.linalg.norm(v_Mxk, axis=-1, keepdims=True), 1e-30)
+
+  w_Mxk = jax.lax.fori_loop(0, _POWER_ITERS, power_step, jnp.broadcast_to(v0_k, (num_nodes, k)))
   return jnp.concatenate([w_Mxk, jnp.zeros((num_nodes, 1), w_Mxk.dtype)], -1)
 
 
 @functools.partial(jax.jit, static_argnames=("num_nodes",))
-def _fit_level(xa_NxK1, labels_N, label_at_slot_L, sums_Cxk, counts_C, shift, reg,
+def _fit_level(xa_NxK1, outer_NxT, labels_N, label_at_slot_L, sums_Cxk, counts_C, shift, reg,
                max_iters, newton_steps, polish_steps, *, num_nodes):
   """Fits all nodes of one level; returns (theta (num_nodes, k+1), label_at_slot, iters, moved)."""
   c = sums_Cxk.shape[0]
@@ -158,7 +184,7 @@ def _fit_level(xa_NxK1, labels_N, label_at_slot_L, sums_Cxk, counts_C, shift, re
   def newton(n_steps, theta, las):
     zeta_N, node_N = _points_in_level(las, labels_N, c, shift)
     return jax.lax.fori_loop(
-        0, n_steps, lambda _, th: newton_step(th, xa_NxK1, zeta_N, node_N, reg), theta)
+        0, n_steps, lambda _, th: newton_step(th, xa_NxK1, outer_NxT, zeta_N, node_N, reg), theta)
 
   def body(carry):
     theta, las, it, _ = carry
@@ -180,6 +206,14 @@ def _label_stats(x_Nxk, labels_N, label_count_C):
   c = label_count_C.shape[0]
   return (jax.ops.segment_sum(x_Nxk, labels_N, c),
           jax.ops.segment_sum(jnp.ones_like(labels_N, jnp.float32), labels_N, c))
+
+
+def _bucket(num_nodes, max_nodes):
+  """The smallest of max_nodes / _NODE_BUCKET^j (j >= 0) that is >= num_nodes."""
+  size = max_nodes
+  while size // _NODE_BUCKET >= num_nodes:
+    size //= _NODE_BUCKET
+  return size
 
 
 def fit_tree(x_Nxk, labels_N, num_labels: int, *, reg: float = 0.1,
@@ -222,14 +256,15 @@ def fit_tree(x_Nxk, labels_N, num_labels: int, *, reg: float = 0.1,
   labels = jnp.asarray(labels_np, jnp.int32)
   sums_Cxk, counts_C = _label_stats(x_Nxk, labels, jnp.zeros(num_labels))
   xa_NxK1 = jnp.concatenate([x_Nxk, jnp.ones((x_Nxk.shape[0], 1), jnp.float32)], -1)
+  outer_NxT = jax.jit(upper_outer_products)(xa_NxK1)
   theta_LxK1 = np.zeros((num_leaves, k + 1), np.float32)
   reports = []
   for level in range(depth):
     t0 = time.perf_counter()
     theta, label_at_slot, iters, moved = _fit_level(
-        xa_NxK1, labels, label_at_slot, sums_Cxk, counts_C, jnp.int32(depth - level),
+        xa_NxK1, outer_NxT, labels, label_at_slot, sums_Cxk, counts_C, jnp.int32(depth - level),
         jnp.float32(reg), jnp.int32(max_reassign_iters), jnp.int32(newton_steps),
-        jnp.int32(polish_steps), num_nodes=num_leaves // 2)
+        jnp.int32(polish_steps), num_nodes=_bucket(1 << level, num_leaves // 2))
     theta_LxK1[1 << level:2 << level] = np.asarray(theta)[:1 << level]
     reports.append(LevelReport(level, int(iters), int(moved), time.perf_counter() - t0))
     if reports[-1].iterations >= max_reassign_iters > 0 and not reports[-1].converged:

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-import snm_jax
 from snm_jax.errors import DatasetNotFoundError
 from snm_jax.data import xc_format
 
@@ -89,7 +88,9 @@ def cache_dir() -> Path:
 
 def shared_data_dir() -> Path:
   """`shared/data` next to the checkout: <checkout>/../shared/data."""
-  return Path(snm_jax.__file__).resolve().parents[2] / "shared" / "data"
+  # This file is <checkout>/snm_jax/data/datasets.py. (Not snm_jax.__file__:
+  # it is None when an old editable install maps snm_jax as a namespace.)
+  return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def data_search_dirs() -> list[Path]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import re
 import zlib
 from array import array
 from typing import Iterator
@@ -33,6 +34,7 @@ from snm_jax.errors import DataFormatError
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _GZIP_MAGIC = b"\x1f\x8b"
+_PAIRS_RE = re.compile(rb"[0-9]+:[^\s:]+(?: [0-9]+:[^\s:]+)*")
 
 
 def _is_gzip(path) -> bool:
@@ -100,6 +102,11 @@ class _CsrBuilder:
 
 
 def _parse_label_field(path, lineno, field: bytes, num_labels: int) -> list[int]:
+  toks = field.split(b",")
+  if b"" not in toks and b"".join(toks).isdigit():  # Fast path, C-level checks only.
+    ids = list(map(int, toks))
+    if max(ids) < num_labels and len(set(ids)) == len(ids):
+      return ids
   ids = []
   for tok in field.split(b","):
     if not tok.isdigit():
@@ -113,7 +120,32 @@ def _parse_label_field(path, lineno, field: bytes, num_labels: int) -> list[int]
   return ids
 
 
+def _parse_pairs_fast(toks: list[bytes], num_cols: int):
+  """(ids, values) if every check passes, else None (the slow path names the error)."""
+  joined = b" ".join(toks)
+  if not _PAIRS_RE.fullmatch(joined):
+    return None
+  parts = joined.replace(b":", b" ").split()
+  id_parts, val_parts = parts[0::2], parts[1::2]
+  try:
+    vals = list(map(float, val_parts))
+    if not math.isfinite(math.fsum(vals)):
+      return None
+  except ValueError:
+    return None
+  ids = list(map(int, id_parts))
+  if (max(ids) >= num_cols or max(vals) > _FLOAT32_MAX or min(vals) < -_FLOAT32_MAX
+      or len(set(ids)) != len(ids)):
+    return None
+  return ids, vals
+
+
 def _parse_pairs(path, lineno, toks: list[bytes], num_cols: int, what: str):
+  if not toks:
+    return [], []
+  fast = _parse_pairs_fast(toks, num_cols)
+  if fast is not None:
+    return fast
   ids, vals = [], []
   for tok in toks:
     id_b, sep, val_b = tok.partition(b":")

@@ -12,8 +12,6 @@ so only `jax.lax.top_k(., k)` is needed (skipped when k = 0), never a full sort.
 sharded miner) that compute the top k and the plain sum themselves.
 """
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,7 +81,8 @@ def snm_loss(pos_score, neg_scores, vartheta, phi: PhiLike = "hinge",
 
   Returns:
     Scalar loss. Batch with `jax.vmap(functools.partial(snm_loss,
-    vartheta=v, phi=..., kind=...))`.
+    vartheta=v, phi=..., kind=...))`; leading batch dims (pos (N,), neg_scores
+    and neg_mask (N, B)) also work directly.
   """
   phi_fn = get_phi(phi)
   ranking.check_kind(kind)

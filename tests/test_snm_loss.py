@@ -1,0 +1,320 @@
+"""SNM loss (Algorithm 1), vartheta constructors, Lemma 2, S2M averaging."""
+
+import functools
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from snm_jax import losses
+
+NP_PHI = {
+    "hinge": lambda u: np.maximum(1 - u, 0),
+    "squared_hinge": lambda u: np.maximum(1 - u, 0) ** 2,
+    "logistic": lambda u: np.logaddexp(0, -u) / math.log(2),
+    "exponential": lambda u: np.exp(-u),
+    "ramp": lambda u: np.clip(1 - u, 0, 1),
+}
+B, K = 8, 40
+
+
+def np_snm(pos, neg, vartheta, phi, kind, mask=None):
+  """Reference: full sort of the valid negatives, vartheta_1..vartheta_n."""
+  valid = np.ones(neg.shape, bool) if mask is None else ~mask
+  ranked = np.sort(neg[valid])[::-1]
+  w = np.asarray(vartheta, np.float64)[:ranked.size]
+  terms = phi(pos - ranked) if kind == "powl" else phi(-ranked)
+  return np.sum(w * terms) + (phi(pos) if kind == "bowl" else 0.0)
+
+
+def np_owl(v, y, theta, phi, kind):
+  others = np.sort(np.delete(v, y))[::-1]
+  if kind == "powl":
+    return np.sum(theta * phi(v[y] - others))
+  return phi(v[y]) + np.sum(theta * phi(-others))
+
+
+VARTHETAS = {
+    "top_k": losses.top_k_vartheta(3, B, K),
+    "top_k_mean": losses.top_k_vartheta(2, B, K, scale="mean"),
+    "top_k_floor": losses.top_k_vartheta(3, B, K, floor=0.05),
+    "top_k_all": losses.top_k_vartheta(B, B, K),  # constant: k = 0 path
+    "negative_sampling": losses.negative_sampling_vartheta(2, B, K),
+    "power_law": losses.power_law_vartheta(1.0, B, K, k=5),
+    "power_law_floor": losses.power_law_vartheta(0.5, B, K, k=4, floor=0.1),
+    "arbitrary": np.array([3.0, 2.5, 2.5, 1.0, 0.7, 0.7, 0.2, 0.0], np.float32),
+}
+
+
+def _batch(rng, n=16, b=B):
+  pos = rng.normal(size=n)
+  neg = rng.normal(size=(n, b))
+  neg[0, 1:4] = neg[0, 0]  # ties among negatives
+  neg[1, 2] = pos[1]  # tie with the positive
+  neg[2] *= 1e3  # large magnitudes
+  pos[2] *= 1e3
+  neg[3] = np.round(neg[3])  # many ties
+  mask = rng.random((n, b)) < 0.3
+  mask[4] = True  # every negative masked
+  mask[5] = False
+  mask[6, :-2] = True  # fewer valid than k
+  return pos.astype(np.float32), neg.astype(np.float32), mask
+
+
+@pytest.mark.parametrize("name", sorted(VARTHETAS))
+@pytest.mark.parametrize("kind", ["bowl", "powl"])
+def test_matches_numpy_reference(name, kind):
+  vartheta = VARTHETAS[name]
+  # Cycle through the surrogates (exponential would overflow on the 1e3 row).
+  phis = ["hinge", "squared_hinge", "logistic", "ramp"]
+  phi = phis[(sorted(VARTHETAS).index(name) + (kind == "powl")) % len(phis)]
+  pos, neg, mask = _batch(np.random.default_rng(0))
+  f = functools.partial(losses.snm_loss, vartheta=vartheta, phi=phi, kind=kind)
+  # One program: vmapped with and without mask, and leading batch dims without vmap.
+  got_masked, got_plain, got_batched = map(np.asarray, jax.jit(lambda p, n, m: (
+      jax.vmap(f)(p, n, neg_mask=m), jax.vmap(f)(p, n), f(p, n, neg_mask=m)))(pos, neg, mask))
+  p64, n64 = pos.astype(np.float64), neg.astype(np.float64)
+  want_masked = [np_snm(p64[i], n64[i], vartheta, NP_PHI[phi], kind, mask[i])
+                 for i in range(len(pos))]
+  want_plain = [np_snm(p64[i], n64[i], vartheta, NP_PHI[phi], kind) for i in range(len(pos))]
+  np.testing.assert_allclose(got_masked, want_masked, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_plain, want_plain, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_batched, got_masked, rtol=1e-6, atol=1e-6)
+
+
+def test_traced_vartheta_falls_back_to_sort_and_agrees():
+  pos, neg, mask = _batch(np.random.default_rng(1))
+  for vartheta in (VARTHETAS["top_k_floor"], VARTHETAS["arbitrary"]):
+    traced = jax.jit(jax.vmap(lambda p, n, m, t: losses.snm_loss(p, n, t, "hinge", "powl", m),
+                              in_axes=(0, 0, 0, None)))
+    concrete = jax.jit(jax.vmap(functools.partial(
+        losses.snm_loss, vartheta=vartheta, phi="hinge", kind="powl")))
+    np.testing.assert_allclose(traced(pos, neg, mask, jnp.asarray(vartheta)),
+                               concrete(pos, neg, neg_mask=mask), rtol=1e-6, atol=1e-6)
+
+
+def _primitives(fn, *args):
+  text = str(jax.make_jaxpr(fn)(*args))
+  return re.findall(r"top_k\[axis=\S+ k=(\d+)\]", text), "sort[" in text
+
+
+def test_uses_top_k_only_for_the_varying_head():
+  pos, neg = jnp.float32(0.3), jnp.zeros(B)
+  for name, want_k in [("top_k", ["3"]), ("top_k_floor", ["3"]), ("power_law", ["5"]),
+                       ("negative_sampling", []), ("top_k_all", [])]:
+    fn = functools.partial(losses.snm_loss, vartheta=VARTHETAS[name], neg_mask=jnp.zeros(B, bool))
+    assert _primitives(fn, pos, neg) == (want_k, False), name
+  traced = lambda t: losses.snm_loss(pos, neg, t)
+  assert _primitives(traced, jnp.asarray(VARTHETAS["top_k"])) == ([str(B)], False)
+
+
+@pytest.mark.parametrize("kind", ["bowl", "powl"])
+def test_masked_entries_contribute_zero_with_finite_grads(kind):
+  neg = jnp.array([0.2, jnp.inf, -0.5, jnp.nan, 1.3, -jnp.inf, 1e30, 0.0])
+  mask = jnp.array([False, True, False, True, False, True, True, False])
+  for phi in ["exponential", "squared_hinge"]:
+    for vartheta in (VARTHETAS["top_k_floor"], VARTHETAS["negative_sampling"]):
+      f = lambda p, n: losses.snm_loss(p, n, vartheta, phi, kind, mask)
+      loss, (g_pos, g_neg) = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(jnp.float32(0.4), neg)
+      want = np_snm(0.4, np.asarray(neg, np.float64), vartheta, NP_PHI[phi], kind, np.asarray(mask))
+      np.testing.assert_allclose(loss, want, rtol=1e-5)
+      assert np.isfinite(g_pos) and np.all(np.isfinite(g_neg)), (phi, g_neg)
+      np.testing.assert_array_equal(np.asarray(g_neg)[np.asarray(mask)], 0.0)
+  all_masked = losses.snm_loss(0.4, neg, VARTHETAS["top_k"], "hinge", kind, jnp.ones(B, bool))
+  np.testing.assert_allclose(all_masked, 0.6 if kind == "bowl" else 0.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["bowl", "powl"])
+def test_grad_matches_finite_differences(kind):
+  rng = np.random.default_rng(2)
+  pos = 0.3
+  neg = rng.permutation(np.linspace(-1.2, 1.1, B))  # distinct: no kinks of the sort
+  mask = np.zeros(B, bool)
+  mask[[1, 5]] = True
+  vartheta = VARTHETAS["top_k_floor"]
+  with jax.enable_x64(True):
+    grad_fn = jax.jit(jax.grad(
+        lambda p, n: losses.snm_loss(p, n, vartheta, "logistic", kind, jnp.asarray(mask)),
+        argnums=(0, 1)))
+    g_pos, g_neg = grad_fn(jnp.float64(pos), jnp.asarray(neg))
+  f = lambda p, n: np_snm(p, n, vartheta, NP_PHI["logistic"], kind, mask)
+  eps = 1e-6
+  fd_neg = [(f(pos, neg + eps * e) - f(pos, neg - eps * e)) / (2 * eps) for e in np.eye(B)]
+  np.testing.assert_allclose(g_neg, fd_neg, rtol=1e-6, atol=1e-9)
+  np.testing.assert_allclose(g_pos, (f(pos + eps, neg) - f(pos - eps, neg)) / (2 * eps), rtol=1e-6)
+
+
+def test_ordered_weighted_phi_sum_from_sharded_pieces():
+  """A miner holding the negatives in 2 shards: merge the per-shard top k, add the sums."""
+  pos, neg, mask = _batch(np.random.default_rng(3), b=2 * B)
+  valid = ~mask
+  vartheta = losses.power_law_vartheta(1.0, 2 * B, K, k=4, floor=0.02)
+  head, tail = losses.split_vartheta(vartheta)
+  k = head.shape[0]
+  tops, oks, sums = [], [], []
+  for s in (slice(0, B), slice(B, 2 * B)):
+    top, ok, _ = losses.masked_top_k(neg[:, s], k, valid[:, s])
+    tops.append(top)
+    oks.append(ok)
+    sums.append(losses.masked_phi_sum(pos, neg[:, s], losses.hinge, "powl", valid[:, s]))
+  top, ok, _ = losses.masked_top_k(jnp.concatenate(tops, 1), k, jnp.concatenate(oks, 1))
+  got = losses.ordered_weighted_phi_sum(pos, top, head - tail, tail, sums[0] + sums[1],
+                                        "hinge", "powl", valid_top=ok)
+  want = jax.vmap(functools.partial(losses.snm_loss, vartheta=vartheta, kind="powl"))(
+      pos, neg, neg_mask=mask)
+  assert got.shape == (len(pos),)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["bowl", "powl"])
+def test_lemma2_extreme_case_b_equals_k_minus_1(kind):
+  rng = np.random.default_rng(4)
+  num_classes = 7
+  v = rng.normal(size=num_classes).astype(np.float32)
+  v[5] = v[2]  # a tie
+  y = 3
+  neg = jnp.asarray(rng.permutation(np.delete(v, y)))
+  for k in (1, 3, num_classes - 1):
+    theta = np.r_[np.full(k, 1 / k), np.zeros(num_classes - 1 - k)]
+    vartheta = losses.top_k_vartheta(k, num_classes - 1, num_classes)
+    got = jax.jit(lambda p, n, vartheta=vartheta: losses.snm_loss(p, n, vartheta, "hinge", kind))(
+        v[y], neg)
+    np.testing.assert_allclose(got, np_owl(v.astype(np.float64), y, theta, NP_PHI["hinge"], kind),
+                               rtol=1e-5)
+  # Negative sampling with k = 1 and B = K-1 is the all-ones OWL (Weston-Watkins / Lee).
+  ns_vartheta = losses.negative_sampling_vartheta(1, num_classes - 1, num_classes)
+  ns = losses.snm_loss(v[y], neg, ns_vartheta, "hinge", kind)
+  np.testing.assert_allclose(ns, np_owl(v.astype(np.float64), y, np.ones(num_classes - 1),
+                                        NP_PHI["hinge"], kind), rtol=1e-5)
+
+
+def test_negative_sampling_is_scaled_sum():
+  rng = np.random.default_rng(5)
+  pos, neg = np.float32(0.2), rng.normal(size=B).astype(np.float32)
+  for k in (1, 3):
+    scale = (K - 1) / (k * B)
+    got = losses.snm_loss(pos, neg, losses.negative_sampling_vartheta(k, B, K), "logistic", "bowl")
+    want = NP_PHI["logistic"](0.2) + scale * np.sum(NP_PHI["logistic"](-neg.astype(np.float64)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def _theta_reference(vartheta, num_classes):
+  b = len(vartheta)
+  return np.array([
+      sum(vartheta[i - 1] * math.comb(j - 1, i - 1) * math.comb(num_classes - 1 - j, b - i)
+          for i in range(1, b + 1)) / math.comb(num_classes - 1, b)
+      for j in range(1, num_classes)])
+
+
+def test_expected_owl_theta():
+  for vartheta, num_classes in [(losses.top_k_vartheta(2, 5, 12), 12),
+                                (losses.power_law_vartheta(1.0, 4, 7, floor=0.0), 7),
+                                (losses.top_k_vartheta(2, 1 + 1, 3, floor=0.1), 3)]:
+    theta = losses.expected_owl_theta(vartheta, num_classes)
+    np.testing.assert_allclose(theta, _theta_reference(vartheta.astype(np.float64), num_classes),
+                               rtol=1e-10)
+    np.testing.assert_allclose(theta.sum(), vartheta.astype(np.float64).sum(), rtol=1e-10)
+  theta = losses.expected_owl_theta(losses.top_k_vartheta(2, 5, 12), 12)
+  np.testing.assert_allclose(theta[:2], 0.5, rtol=1e-6)  # 1/k for j <= k
+  assert np.all(np.diff(theta) <= 1e-12) and theta[2] > 0 and theta[-1] == 0
+  np.testing.assert_allclose(
+      losses.expected_owl_theta(losses.negative_sampling_vartheta(3, 5, 12), 12), 1 / 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["bowl", "powl"])
+def test_monte_carlo_mean_converges_to_lemma2_owl(kind):
+  """E over uniform B-subsets (without replacement) of snm_loss = OWL(theta of Lemma 2)."""
+  rng = np.random.default_rng(6)
+  num_classes, b, draws = 12, 5, 20000
+  v = rng.normal(size=num_classes).astype(np.float32)
+  y = 4
+  others = np.delete(v, y)
+  subsets = np.argsort(rng.random((draws, num_classes - 1)), axis=1)[:, :b]
+  for vartheta in (losses.top_k_vartheta(2, b, num_classes),
+                   losses.power_law_vartheta(1.0, b, num_classes, k=3, floor=0.1)):
+    f = jax.jit(jax.vmap(functools.partial(losses.snm_loss, v[y], vartheta=vartheta,
+                                           phi="hinge", kind=kind)))
+    samples = np.asarray(f(jnp.asarray(others[subsets])), np.float64)
+    mean, stderr = samples.mean(), samples.std() / np.sqrt(draws)
+    theta = losses.expected_owl_theta(vartheta, num_classes)
+    exact = np_owl(v.astype(np.float64), y, theta, NP_PHI["hinge"], kind)
+    assert abs(mean - exact) < 4 * stderr, (mean, exact, stderr)
+    # The naive guess theta = vartheta padded with zeros is rejected by the same test.
+    naive = np_owl(v.astype(np.float64), y, np.r_[vartheta, np.zeros(num_classes - 1 - b)],
+                   NP_PHI["hinge"], kind)
+    assert abs(mean - naive) > 10 * stderr
+
+
+def test_vartheta_constructors():
+  np.testing.assert_allclose(losses.top_k_vartheta(2, 4, 21), [2.5, 2.5, 0, 0])
+  np.testing.assert_allclose(losses.top_k_vartheta(2, 4, scale="mean"), [0.5, 0.5, 0, 0])
+  np.testing.assert_allclose(losses.top_k_vartheta(2, 4, 21, floor=0.1), [2.5, 2.5, 0.1, 0.1])
+  np.testing.assert_allclose(losses.negative_sampling_vartheta(2, 4, 21), [2.5] * 4)
+  pl = losses.power_law_vartheta(1.0, 4, 21, k=3)
+  np.testing.assert_allclose(pl, 5.0 * np.array([1, 1 / 2, 1 / 3, 0]) / (11 / 6), rtol=1e-6)
+  np.testing.assert_allclose(losses.power_law_vartheta(0.0, 4, 21, k=2),
+                             losses.top_k_vartheta(2, 4, 21))
+  for v in (pl, losses.top_k_vartheta(1, 3, 5)):
+    assert v.dtype == np.float32
+
+
+@pytest.mark.parametrize("call,param", [
+    (lambda: losses.top_k_vartheta(5, 4, 10), "k"),
+    (lambda: losses.top_k_vartheta(0, 4, 10), "k"),
+    (lambda: losses.top_k_vartheta(2.5, 4, 10), "k"),
+    (lambda: losses.top_k_vartheta(2, 0, 10), "B"),
+    (lambda: losses.top_k_vartheta(2, 4), "K"),
+    (lambda: losses.top_k_vartheta(2, 4, 10, scale="sum"), "scale"),
+    (lambda: losses.top_k_vartheta(2, 4, 10, floor=-0.1), "floor"),
+    (lambda: losses.top_k_vartheta(2, 4, 10, floor=5.0), "floor"),
+    (lambda: losses.negative_sampling_vartheta(5, 4, 10), "k"),
+    (lambda: losses.power_law_vartheta(-1.0, 4, 10), "alpha"),
+    (lambda: losses.power_law_vartheta(1.0, 4, 10, k=6), "k"),
+    (lambda: losses.validate_vartheta([1.0, 2.0]), "vartheta"),
+    (lambda: losses.validate_vartheta([1.0, -0.5]), "vartheta"),
+    (lambda: losses.validate_vartheta(np.ones((2, 2))), "vartheta"),
+    (lambda: losses.snm_loss(0.0, jnp.zeros(4), np.ones(3)), "vartheta"),
+    (lambda: losses.snm_loss(0.0, jnp.zeros(3), np.array([0.1, 0.2, 0.3])), "vartheta"),
+    (lambda: losses.snm_loss(0.0, jnp.zeros(3), np.ones(3), kind="owl"), "kind"),
+    (lambda: losses.snm_loss(0.0, jnp.zeros(3), np.ones(3), phi="hing"), "phi"),
+])
+def test_invalid_arguments_raise_naming_the_parameter(call, param):
+  with pytest.raises(ValueError, match=rf"^{param}\b"):
+    call()
+
+
+def test_split_vartheta():
+  head, tail = losses.split_vartheta([3.0, 2.0, 2.0, 0.5, 0.5])
+  np.testing.assert_array_equal(head, [3.0, 2.0, 2.0])
+  assert tail == 0.5
+  head, tail = losses.split_vartheta(losses.negative_sampling_vartheta(1, 4, 9))
+  assert head.shape == (0,) and tail == 2.0
+  head, tail = losses.split_vartheta(losses.top_k_vartheta(2, 6, 7))
+  np.testing.assert_allclose(head, [0.5, 0.5])
+  assert tail == 0.0 and isinstance(tail, float)
+
+
+def test_avg_top_k_and_s2m():
+  rng = np.random.default_rng(7)
+  values = rng.normal(size=(3, 10)).astype(np.float32)
+  values[0, :4] = 2.0  # ties at the top
+  mask = rng.random((3, 10)) < 0.7
+  mask[1] = False
+  mask[1, [2, 7]] = True  # 2 valid < k
+  mask[2] = False  # none valid
+  for k in (1, 3, 10):
+    np.testing.assert_allclose(jax.jit(losses.avg_top_k, static_argnums=1)(values, k),
+                               np.sort(values, axis=1)[:, ::-1][:, :k].mean(1), rtol=1e-6)
+  got = np.asarray(jax.jit(losses.avg_top_k, static_argnums=1)(values, 3, mask))
+  want0 = np.sort(values[0][mask[0]])[::-1][:3].mean()
+  np.testing.assert_allclose(got, [want0, values[1, [2, 7]].mean(), 0.0], rtol=1e-6)
+  np.testing.assert_allclose(losses.s2m_loss(values[1], 10), values[1].mean(), rtol=1e-6)
+  g = np.asarray(jax.grad(losses.s2m_loss)(values[1], 3, jnp.asarray(mask[1])))
+  np.testing.assert_allclose(g, np.where(mask[1], 0.5, 0.0))
+  g = np.asarray(jax.grad(losses.s2m_loss)(jnp.arange(6.0), 2))
+  np.testing.assert_allclose(g, [0, 0, 0, 0, 0.5, 0.5])
+  with pytest.raises(ValueError, match="^k"):
+    losses.s2m_loss(values[0], 11)
