@@ -9,7 +9,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from snm_jax.errors import SnmJaxError
-from snm_jax.train import distributed, loop
+from snm_jax.train import distributed, loop, quiet_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file[:variant].",
                                           lock_config=True)
@@ -19,6 +19,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  quiet_logs.install()
   config = _CONFIG.value
   distributed.maybe_initialize(config.distributed)
   try:

@@ -113,23 +113,32 @@ def test_smooth_ap_matches_numpy_reference():
 
 def test_top_positive_guard_no_nan_in_value_or_gradient():
   # All scores tied: the denominator is 0 for every positive.
-  scores = jnp.zeros(16)
   pos = jnp.arange(16) < 4
+  none = jnp.zeros(16, bool)
   v = jnp.zeros(8)
-  for fn in (lambda s: auprc.soprc_loss(s, pos, v, 0.1),
-             lambda s: auprc.ap_loss(s, pos),
-             lambda s: auprc.smooth_ap_loss(s, pos)):
-    val, grad = jax.jit(jax.value_and_grad(fn))(scores)
-    assert np.isfinite(float(val)) and np.all(np.isfinite(np.asarray(grad)))
+
+  @jax.jit
+  def values_and_grads(s):
+    fns = {"soprc": lambda s, p: auprc.soprc_loss(s, p, v, 0.1),
+           "ap": lambda s, p: auprc.ap_loss(s, p),
+           "smooth_ap": lambda s, p: auprc.smooth_ap_loss(s, p)}
+    return {(k, has): jax.value_and_grad(f)(s, p)
+            for k, f in fns.items() for has, p in ((True, pos), (False, none))}
+
+  for (name, has_pos), (val, grad) in values_and_grads(jnp.zeros(16)).items():
+    assert np.isfinite(float(val)) and np.all(np.isfinite(np.asarray(grad))), name
+    if not has_pos:  # no positive at all: 0, not NaN
+      assert float(val) == 0.0 and np.all(np.asarray(grad) == 0.0), name
   # l1(0) = 1 for all negatives, l2(0) = 0: f = c / (c + eps) with c = 9, eps = 1/8.
-  np.testing.assert_allclose(float(auprc.soprc_loss(scores, pos, v, 0.1)), 9 / 9.125,
-                             rtol=1e-6)
-  # No positive at all: 0, not NaN.
-  for fn in (lambda s: auprc.soprc_loss(s, jnp.zeros(16, bool), v, 0.1),
-             lambda s: auprc.ap_loss(s, jnp.zeros(16, bool)),
-             lambda s: auprc.smooth_ap_loss(s, jnp.zeros(16, bool))):
-    val, grad = jax.jit(jax.value_and_grad(fn))(scores)
-    assert float(val) == 0.0 and np.all(np.asarray(grad) == 0.0)
+  np.testing.assert_allclose(float(values_and_grads(jnp.zeros(16))[("soprc", True)][0]),
+                             9 / 9.125, rtol=1e-6)
+
+
+def test_non_positive_eps_rejected():
+  with pytest.raises(ValueError, match="eps"):
+    auprc.soprc_loss(jnp.zeros(4), jnp.arange(4) < 2, jnp.zeros(3), 0.1, eps=0.0)
+  with pytest.raises(ValueError, match="eps"):
+    auprc.ap_loss(jnp.zeros(4), jnp.arange(4) < 2, eps=-1.0)
 
 
 def test_stop_gradient_option_removes_exactly_the_denominator_path():

@@ -21,19 +21,12 @@ def get_config(arg: str = ""):
   c.table.learning_rate = 0.5
   c.optimizer.learning_rate = 0.05
   c.train.batch_size = 128
-  c.train.num_steps = 1500
+  c.train.num_steps = 1000
   c.train.log_every = 100
-  c.train.eval_every = 500
+  c.train.eval_every = 250
   c.train.checkpoint_every = 500
   if arg == "runlocal":
-    c.model.hidden = 32
-    c.model.out = 32
-    c.train.num_steps = 20
-    c.train.batch_size = 32
-    c.train.log_every = 5
-    c.train.eval_every = 10
-    c.train.checkpoint_every = 10
-    c.eval.max_examples = 256
+    common.apply_runlocal(c)
   elif arg:
     raise ValueError(f"unknown variant {arg!r} of default.py; choose '' or 'runlocal'")
   c.lock()

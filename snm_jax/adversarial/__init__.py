@@ -1,8 +1,8 @@
 """Adversarial negative sampling with a probabilistic decision tree (Bamler & Mandt, ICLR 2020).
 
 `fit_projection` -> `fit_tree` -> `TreeNegativeSampler` for training with
-`adversarial_ns_loss` (Eq. 6); `log_prob_all` / `log_prob_chunk` + `debias_scores`
-(Eq. 5) for prediction.
+`adversarial_ns_loss` (Eq. 6); `log_prob_all` / `log_prob_leaf_chunk` /
+`log_prob_chunk` + `debias_scores` (Eq. 5) for prediction.
 """
 
 from snm_jax.adversarial.fit import LevelReport, fit_tree
@@ -17,6 +17,7 @@ from snm_jax.adversarial.tree import (
     log_prob,
     log_prob_all,
     log_prob_chunk,
+    log_prob_leaf_chunk,
     make_tree,
     random_tree,
     sample,
@@ -26,6 +27,6 @@ from snm_jax.adversarial.tree import (
 __all__ = [
     "SATURATION_LOGIT", "LevelReport", "ProbabilisticTree", "TreeNegativeSampler",
     "adversarial_ns_loss", "debias_scores", "fit_projection", "fit_tree", "leaf_log_probs",
-    "log_prob", "log_prob_all", "log_prob_chunk", "make_tree", "planted_hierarchy", "project",
-    "random_tree", "sample", "sample_with_log_prob",
+    "log_prob", "log_prob_all", "log_prob_chunk", "log_prob_leaf_chunk", "make_tree",
+    "planted_hierarchy", "project", "random_tree", "sample", "sample_with_log_prob",
 ]

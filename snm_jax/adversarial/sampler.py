@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 
 from snm_jax.adversarial import tree as tree_lib
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["tree"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class TreeNegativeSampler:
   """Draws negatives y' ~ p_n(.|x) from a fitted `ProbabilisticTree`.
 
   `log_q` is log p_n(y'|x), the per-draw probability Eq. 6 needs (for a
   sampled-softmax logQ correction with S draws, add log S). All methods are pure
-  and jit-compatible; the tree is a pytree, so jitted callers may pass it as an
-  argument instead of closing over it.
+  and jit-compatible; the sampler (like the tree) is a pytree, so jitted callers
+  may pass it as an argument instead of closing over it.
   """
   tree: tree_lib.ProbabilisticTree
 

@@ -29,7 +29,7 @@ def planted_hierarchy(seed: int, num_labels: int, dim: int, num_points: int, *,
   """
   rng = np.random.default_rng(seed)
   num_leaves = 1 << max(num_labels - 1, 1).bit_length()
-  centre = np.zeros((2 * num_leaves, dim))  # centre[n] = sum of offsets from the root to heap node n
+  centre = np.zeros((2 * num_leaves, dim))  # centre[n]: sum of the offsets from the root to node n
   centre[1] = rng.normal(size=dim)
   for depth in range(1, num_leaves.bit_length()):
     nodes = np.arange(1 << depth, 2 << depth)

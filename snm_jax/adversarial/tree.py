@@ -136,17 +136,17 @@ def _saturate_padding(weights, biases, real_leaf_L):
   biases[nodes[to_right]] = SATURATION_LOGIT
 
 
-def random_tree(rng: jax.Array, num_labels: int, dim: int, scale: float = 1.0,
+def random_tree(seed: int, num_labels: int, dim: int, scale: float = 1.0,
                 projection=None) -> ProbabilisticTree:
   """A tree with N(0, scale^2) node parameters and a random label -> leaf map (padding anywhere)."""
+  rng = np.random.default_rng(seed)
   num_leaves = num_leaves_for(num_labels)
-  k_w, k_b, k_p = jax.random.split(rng, 3)
-  weights = scale * jax.random.normal(k_w, (num_leaves, dim))
-  biases = scale * jax.random.normal(k_b, (num_leaves,))
-  leaves = jax.random.permutation(k_p, num_leaves)[:num_labels]
-  return make_tree(weights, biases, leaves, projection)
+  weights = scale * rng.normal(size=(num_leaves, dim))
+  biases = scale * rng.normal(size=num_leaves)
+  return make_tree(weights, biases, rng.permutation(num_leaves)[:num_labels], projection)
 
 
+@jax.jit
 def log_prob(tree: ProbabilisticTree, x_Nxk: jax.Array, labels_NxS: jax.Array) -> jax.Array:
   """log p_n(y|x) for given labels (paper Sec. 3); O(k log C) per label.
 
@@ -170,6 +170,7 @@ def log_prob(tree: ProbabilisticTree, x_Nxk: jax.Array, labels_NxS: jax.Array) -
   return logp_NxS
 
 
+@jax.jit
 def leaf_log_probs(tree: ProbabilisticTree, x_Nxk: jax.Array) -> jax.Array:
   """log p of every leaf, level by level: (N, L); O(L k) per query, padding leaves <= -1e4."""
   n = x_Nxk.shape[0]
@@ -182,18 +183,20 @@ def leaf_log_probs(tree: ProbabilisticTree, x_Nxk: jax.Array) -> jax.Array:
   return logp
 
 
+@jax.jit
 def log_prob_all(tree: ProbabilisticTree, x_Nxk: jax.Array) -> jax.Array:
   """log p_n(y|x) for all C labels: (N, C), O(C k) per query (level-by-level)."""
   return leaf_log_probs(tree, x_Nxk)[:, tree.leaf_of_label_C]
 
 
+@functools.partial(jax.jit, static_argnames=("size",))
 def log_prob_chunk(tree: ProbabilisticTree, x_Nxk: jax.Array, start, size: int) -> jax.Array:
   """log p_n(y|x) for labels start, ..., start + size - 1: (N, size); ids >= C give -inf.
 
-  For memory-bounded chunked evaluation: costs O(size k log C) per query (each
-  label walks its own path), so a sweep over all chunks costs O(C k log C) rather
-  than the O(C k) of `log_prob_all`, but never holds an (N, C) array. `start` may
-  be traced (e.g. inside lax.scan over chunks); `size` is static.
+  For chunked evaluation in label-id order: each label walks its own path, so a
+  sweep over all chunks costs O(C k log C) per query rather than the O(C k) of
+  `log_prob_all` / `log_prob_leaf_chunk`, but never holds an (N, C) array.
+  `start` may be traced (e.g. inside lax.scan over chunks); `size` is static.
   """
   ids = start + jnp.arange(size)
   valid = ids < tree.num_labels
@@ -201,6 +204,49 @@ def log_prob_chunk(tree: ProbabilisticTree, x_Nxk: jax.Array, start, size: int) 
   return jnp.where(valid, log_prob(tree, x_Nxk, labels_NxS), -jnp.inf)
 
 
+@functools.partial(jax.jit, static_argnames=("size",))
+def log_prob_leaf_chunk(tree: ProbabilisticTree, x_Nxk: jax.Array, chunk, size: int,
+                        ) -> tuple[jax.Array, jax.Array]:
+  """log p_n for the labels at leaves [chunk * size, (chunk + 1) * size): O((size + log C) k).
+
+  The chunk is a whole subtree, so its root's path is walked once and the subtree
+  is expanded level by level: a sweep over all L / size chunks costs O(C k) per
+  query without ever holding an (N, C) array. Chunks follow the tree's leaf order,
+  so a chunked top-k scores the labels `labels_S` of each chunk (gathering their
+  rows of the score model).
+
+  Args:
+    tree: the tree.
+    x_Nxk: (N, k) projected features.
+    chunk: int (may be traced), 0 <= chunk < L / size.
+    size: static power of two, 1 <= size <= L.
+
+  Returns:
+    labels_S: (size,) int32 label ids of the chunk's leaves, -1 for padding.
+    logp_NxS: (N, size) float32 log p_n(label | x); -inf at padding leaves.
+  """
+  if size < 1 or size & (size - 1) or size > tree.num_leaves:
+    raise ValueError(f"size must be a power of two in [1, {tree.num_leaves}], got {size}")
+  sub_depth = size.bit_length() - 1
+  root_depth = tree.depth - sub_depth
+  root = (tree.num_leaves >> sub_depth) + chunk  # heap index of the chunk's subtree root
+  n = x_Nxk.shape[0]
+  logp = jnp.zeros((n, 1), jnp.float32)
+  for level in range(root_depth):
+    node = root >> (root_depth - level)
+    s_N1 = x_Nxk @ tree.weights_Lxk[node][:, None] + tree.biases_L[node]
+    go_right = (root >> (root_depth - level - 1)) & 1
+    logp += jax.nn.log_sigmoid(jnp.where(go_right == 1, s_N1, -s_N1))
+  for level in range(sub_depth):
+    nodes = (root << level) + jnp.arange(1 << level)
+    s_NxM = x_Nxk @ tree.weights_Lxk[nodes].T + tree.biases_L[nodes]
+    children = jnp.stack([logp + jax.nn.log_sigmoid(-s_NxM), logp + jax.nn.log_sigmoid(s_NxM)], -1)
+    logp = children.reshape(n, 2 << level)
+  labels_S = jax.lax.dynamic_slice(tree.label_of_leaf_L, (chunk * size,), (size,))
+  return labels_S, jnp.where(labels_S >= 0, logp, -jnp.inf)
+
+
+@functools.partial(jax.jit, static_argnames=("num_samples",))
 def sample_with_log_prob(tree: ProbabilisticTree, x_Nxk: jax.Array, rng: jax.Array,
                          num_samples: int) -> tuple[jax.Array, jax.Array]:
   """Ancestral sampling y ~ p_n(.|x), O(k log C) per draw (paper Sec. 3).
@@ -220,8 +266,14 @@ def sample_with_log_prob(tree: ProbabilisticTree, x_Nxk: jax.Array, rng: jax.Arr
   node_NxS = jnp.ones((n, num_samples), jnp.int32)
   logp_NxS = jnp.zeros((n, num_samples), jnp.float32)
   for level in range(tree.depth):
-    s_NxS = (jnp.einsum("nk,nsk->ns", x_Nxk, tree.weights_Lxk[node_NxS])
-             + tree.biases_L[node_NxS])
+    if (1 << level) <= num_samples:
+      # Fewer nodes than draws: one dense (N, 2^l) logit table, then a scalar gather.
+      first = 1 << level
+      s_NxM = x_Nxk @ tree.weights_Lxk[first:2 * first].T + tree.biases_L[first:2 * first]
+      s_NxS = jnp.take_along_axis(s_NxM, node_NxS - first, axis=1)
+    else:
+      s_NxS = (jnp.einsum("nk,nsk->ns", x_Nxk, tree.weights_Lxk[node_NxS])
+               + tree.biases_L[node_NxS])
     go_right = u_DxNxS[level] < jax.nn.sigmoid(s_NxS)
     logp_NxS += jax.nn.log_sigmoid(jnp.where(go_right, s_NxS, -s_NxS))
     node_NxS = 2 * node_NxS + go_right.astype(jnp.int32)

@@ -36,6 +36,12 @@ def _surrogates(tau1, tau2, l1, l2):
   return l1, l2
 
 
+def _check_eps(eps):
+  # Only concrete Python numbers can be checked here; arrays may be traced.
+  if isinstance(eps, (int, float)) and not eps > 0:
+    raise ValueError(f"eps must be > 0 (it guards a division), got {eps}")
+
+
 def _masks(scores_B, pos_mask_B, valid_mask_B):
   valid_B = (jnp.ones(scores_B.shape, bool) if valid_mask_B is None
              else valid_mask_B.astype(bool))
@@ -94,6 +100,7 @@ def soprc_loss(scores_B: jax.Array,
   aux_v_N = jax.lax.stop_gradient(aux_v_N)
   if eps is None:
     eps = 1.0 / aux_v_N.shape[-1]
+  _check_eps(eps)
 
   neg_B = neg_B.astype(scores_B.dtype)
   l1_PxB = l1(pos_scores_P[:, None] - scores_B[None, :])
@@ -132,6 +139,7 @@ def ap_loss(scores_B: jax.Array,
   Returns:
     Scalar loss; 0 if the batch has no positive.
   """
+  _check_eps(eps)
   l1, l2 = _surrogates(tau1, tau2, l1, l2)
   pos_B, neg_B = _masks(scores_B, pos_mask_B, valid_mask_B)
   pos_scores_P, pos_P, _ = _gather_positives(scores_B, pos_B, max_positives)

@@ -63,6 +63,8 @@ def make_vartheta(config, num_labels: int) -> np.ndarray:
     if m.vartheta == "top_k":
       return losses.top_k_vartheta(m.k, m.num_samples, num_labels, scale=m.scale, floor=m.floor)
     if m.vartheta == "negative_sampling":
+      if m.scale == "mean":  # the plain average over all B sampled negatives
+        return losses.top_k_vartheta(m.num_samples, m.num_samples, num_labels, scale="mean")
       return losses.negative_sampling_vartheta(m.k, m.num_samples, num_labels)
     return losses.power_law_vartheta(m.power_alpha, m.num_samples, num_labels, k=m.k,
                                      scale=m.scale, floor=m.floor)

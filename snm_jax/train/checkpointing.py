@@ -8,11 +8,13 @@ checkpoint, with a warning, when the latest one is corrupt or partial.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.experimental import multihost_utils
 
 
 class Checkpointer:
@@ -43,9 +45,23 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         # Orbax raises many types for truncated/corrupt files; any of them means
         # "this step is unusable", and the previous one is tried.
-        logging.warning("checkpoint at step %d in %s is unreadable (%s: %s); trying the previous one",
-                        step, self.directory, type(e).__name__, str(e)[:200])
+        logging.warning("checkpoint at step %d in %s is unreadable (%s: %s); moved to %s, "
+                        "trying the previous one", step, self.directory, type(e).__name__,
+                        str(e)[:200], self._quarantine(step))
     return None
+
+  def _quarantine(self, step: int) -> Path:
+    """Moves an unreadable step aside (kept for inspection) so it can be re-saved."""
+    target = self.directory.parent / f"{self.directory.name}.corrupt" / str(step)
+    if jax.process_index() == 0:
+      target.parent.mkdir(parents=True, exist_ok=True)
+      if target.exists():
+        shutil.rmtree(target)
+      shutil.move(str(self.directory / str(step)), str(target))
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
+    self.manager.reload()
+    return target
 
   def wait(self) -> None:
     self.manager.wait_until_finished()

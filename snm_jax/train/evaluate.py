@@ -30,7 +30,8 @@ class Evaluator:
                k: int, query_chunk: int, row_block: int, normalize_classes: bool,
                max_nnz: int, max_labels: int, bias_fn=None, extra_fn=None):
     n_data = mesh.shape[DATA]
-    chunk = -(-query_chunk // n_data) * n_data
+    # Never pad a small evaluation set up to a large chunk.
+    chunk = -(-min(query_chunk, features.shape[0]) // n_data) * n_data
     self.mesh, self.k, self.extra_fn = mesh, k, extra_fn
     self.num_points = features.shape[0]
     self.batcher = SparseBatcher(features, labels, None, global_batch_size=chunk,

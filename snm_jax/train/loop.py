@@ -6,7 +6,7 @@ checkpoint restore -> loop (step, log, eval, checkpoint) -> final evaluation.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -18,7 +18,7 @@ from absl import logging
 
 from snm_jax import metrics as snm_metrics
 from snm_jax import sharding
-from snm_jax.data.pipeline import SparseBatcher, make_global_batch
+from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data_slice
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train import builders
 from snm_jax.train.checkpointing import Checkpointer, abstract_like
@@ -36,11 +36,37 @@ def create_state(config, tower, num_features, table_rows, dim, tx, row_opt, mesh
   dummy_ids = jnp.zeros((1, max_nnz), jnp.int32)
   dummy_vals = jnp.zeros((1, max_nnz), jnp.float32)
 
+  num_model = mesh.shape[sharding.MODEL]
+  strata = config.mining.num_strata
+  scale = 0.0 if config.model.kind == "linear" else config.table.init_scale  # B&M start linear at 0
+
+  def init_table_shard():
+    # Block by block inside a fori_loop, each block from a key of (stratum,
+    # block): the table is the same on any mesh (a stratum never straddles two
+    # shards), and the init's temporaries are one block, not ~3x the table
+    # (threefry bits + floats) as a single jax.random.normal would need.
+    j = jax.lax.axis_index(sharding.MODEL)
+    per_shard = strata // num_model
+    rows = table_rows // strata
+    block = min(rows, 65_536)
+    blocks_per_stratum = -(-rows // block)
+
+    def body(i, buf):
+      local_s, b = i // blocks_per_stratum, i % blocks_per_stratum
+      start = jnp.minimum(b * block, rows - block)  # the last block is shifted back
+      key = jax.random.fold_in(jax.random.fold_in(k_table, j * per_shard + local_s), b)
+      values = scale * jax.random.normal(key, (block, dim), jnp.float32)
+      return jax.lax.dynamic_update_slice_in_dim(buf, values, local_s * rows + start, 0)
+
+    return jax.lax.fori_loop(0, per_shard * blocks_per_stratum, body,
+                             jnp.zeros((per_shard * rows, dim), jnp.float32))
+
+  init_table = jax.shard_map(init_table_shard, mesh=mesh, in_specs=(),
+                             out_specs=sharding.TABLE, check_vma=False)
+
   def init():
     params = tower.init(k_tower, dummy_ids, dummy_vals)
-    table = config.table.init_scale * jax.random.normal(k_table, (table_rows, dim), jnp.float32)
-    if config.model.kind == "linear":
-      table = table * 0.0  # Bamler & Mandt start the linear model at zero.
+    table = init_table()
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       table=table, table_state=row_opt.init(table_rows, dim),
                       nonfinite_steps=jnp.zeros((), jnp.int32),
@@ -56,6 +82,14 @@ def create_state(config, tower, num_features, table_rows, dim, tx, row_opt, mesh
   state = jax.jit(init, out_shardings=shardings)()
   sharding.assert_table_sharded(state.table, mesh)
   return state
+
+
+def state_fingerprint(state) -> str:
+  """sha256 of every parameter and table byte: equal fingerprints = bitwise-equal runs."""
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves((state.params, state.table, state.table_state, state.opt_state)):
+    h.update(np.ascontiguousarray(to_host(leaf)).tobytes())
+  return h.hexdigest()
 
 
 def _scalars(metrics_dev) -> dict:
@@ -96,7 +130,9 @@ def train_and_evaluate(config, workdir) -> dict:
                                stratum_cdf=cdf_dev)
 
   # ---- input pipeline -------------------------------------------------------
-  process_index, process_count = jax.process_index(), jax.process_count()
+  # This process's block of the global batch under the mesh (not jax.process_index():
+  # processes that share a data shard, e.g. a model axis spanning hosts, feed the same rows).
+  process_index, process_count = process_data_slice(mesh)
   batcher = SparseBatcher(
       run_data.train.features, run_data.train.labels, config.dataset.conversion,
       global_batch_size=config.train.batch_size,
@@ -107,6 +143,8 @@ def train_and_evaluate(config, workdir) -> dict:
   # ---- state (created sharded) and restore ---------------------------------------
   state = create_state(config, tower, run_data.num_features, sampler.padded_labels, dim, tx,
                        row_opt, mesh, max_nnz)
+  logging.info("state created: table %s (%s) on mesh %s", state.table.shape, state.table.dtype,
+               dict(mesh.shape))
   ckpt = Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
   restored = ckpt.restore_latest(abstract_like(state))
   if restored is not None:
@@ -135,7 +173,8 @@ def train_and_evaluate(config, workdir) -> dict:
     out = multilabel_metrics(pred, test_labels, propensities, config.eval.k_max)
     out.update(retrieval_metrics(pred, test_labels, run_data.label_counts, config.eval.recall_r))
     if run_data.synthetic is not None:
-      bayes, _ = run_data.synthetic.bayes_topk(evaluator.batcher.features, config.eval.k_max)
+      raw = run_data.synthetic.test.features[:evaluator.num_points]
+      bayes, _ = run_data.synthetic.bayes_topk(raw, config.eval.k_max)
       b_out = multilabel_metrics(np.asarray(bayes), test_labels, propensities, config.eval.k_max)
       out.update({f"bayes/{k}": v for k, v in b_out.items()})
     out["eval_seconds"] = time.perf_counter() - t0
@@ -168,6 +207,9 @@ def train_and_evaluate(config, workdir) -> dict:
     batch = make_global_batch(next(batcher), mesh)
     state, metrics_dev = train_step(state, batch, jax.random.fold_in(base_key, step))
     step += 1
+    if step == 1 or (restored is not None and step == restored[0] + 1):
+      jax.block_until_ready(metrics_dev)
+      logging.info("first step compiled and run in %.1fs", time.perf_counter() - t_loop)
     if itstime(step, config.train.log_every, num_steps):
       scalars = writer.progress(step, _scalars(metrics_dev))
       scalars["nonfinite_steps"] = check_finite(state)
@@ -180,7 +222,7 @@ def train_and_evaluate(config, workdir) -> dict:
       history.append({"step": step, "train_seconds": train_seconds + time.perf_counter() - t_loop,
                       **{k: v for k, v in eval_out.items() if isinstance(v, float)}})
       logging.info("eval @%d: %s", step, {k: round(v, 4) for k, v in eval_out.items() if isinstance(v, float)})
-    if itstime(step, config.train.checkpoint_every, num_steps):
+    if config.train.checkpoint_every >= 0 and itstime(step, config.train.checkpoint_every, num_steps):
       save(state, step)
   jax.block_until_ready(state)
   train_seconds += time.perf_counter() - t_loop
@@ -196,6 +238,8 @@ def train_and_evaluate(config, workdir) -> dict:
       "truncation": batcher.stats, "final": final, "history": history,
       "mesh": dict(mesh.shape), "num_processes": jax.process_count(),
   }
+  if config.train.fingerprint:
+    results["state_fingerprint"] = state_fingerprint(state)
   writer.write_json("results.json", results)
   writer.close()
   ckpt.close()

@@ -75,6 +75,7 @@ def load_run_data(config) -> RunData:
       print(f"NOTICE: dataset {name!r} not found; falling back to synthetic data.", flush=True)
       out = _synthetic(config, "synthetic (fallback)")
   if config.dataset.normalize_rows:
-    out.train.features = snm_data.l2_normalize_rows(out.train.features)
-    out.test.features = snm_data.l2_normalize_rows(out.test.features)
+    # New dataset objects: the synthetic generator's Bayes predictor needs the raw features.
+    out.train = dataclasses.replace(out.train, features=snm_data.l2_normalize_rows(out.train.features))
+    out.test = dataclasses.replace(out.test, features=snm_data.l2_normalize_rows(out.test.features))
   return out

@@ -1,0 +1,220 @@
+r"""Runs a sweep: every point x seed is one full, resumable training run.
+
+  python -m experiments.ablate --sweep=experiments/sweeps/table2_bibtex.py --workdir=/tmp/t2
+  python -m experiments.ablate --config=experiments/configs/snm.py:delicious \
+      --sweep=experiments/sweeps/table2_delicious.py --workdir=/tmp/t2d --seeds=3
+  python -m experiments.ablate --sweep=... --workdir=/tmp/t2 --print_commands | parallel -j 8
+  python -m experiments.report /tmp/t2
+
+Run r of point p with seed s lives in WORKDIR/<p>/seed<s>/ (checkpoints,
+metrics.jsonl, results.json). A run whose results.json exists is skipped; an
+interrupted one resumes from its last checkpoint (the training loop does
+this by itself), so repeating the command finishes the sweep. A run that
+fails (e.g. a non-finite loss) writes failed.json and is skipped next time
+unless --retry_failed. WORKDIR/sweep.json records the sweep for the report.
+
+--print_commands prints, for every unfinished run, the equivalent
+`python -m experiments.train ...` command line (its config overrides as
+--config.<field>=<value>) and trains nothing, so a launch script can run the
+lines as independent jobs; the report reads their results the same way.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags, logging
+
+from experiments.sweeps.spec import Point, Sweep, apply_overrides, load_config, load_sweep
+
+_CONFIG = flags.DEFINE_string("config", None, "Base config path[:arg]; default: the sweep's own.")
+_SWEEP = flags.DEFINE_string("sweep", None, "experiments/sweeps/<name>.py[:arg].")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Root of the sweep's run directories.")
+_SEEDS = flags.DEFINE_integer("seeds", None, "Use seeds 0..N-1 instead of the sweep's list.")
+_ONLY = flags.DEFINE_list("only", None, "Run only these point names.")
+_SET = flags.DEFINE_multi_string("set", [], "Extra override for every run, field=value "
+                                 "(value parsed as a Python literal when possible).")
+_PRINT = flags.DEFINE_bool("print_commands", False, "Print one experiments.train command per "
+                           "unfinished run and exit.")
+_RETRY = flags.DEFINE_bool("retry_failed", False, "Retry runs that left failed.json.")
+_CLEAN = flags.DEFINE_bool("clean_checkpoints", False, "Delete a run's checkpoints once it finished.")
+_CACHE = flags.DEFINE_string("compilation_cache", "default", "JAX persistent compilation cache "
+                             "folder shared by the runs ('default': WORKDIR/jax_cache; 'none': off).")
+
+
+def run_dir(workdir, point: Point, seed: int) -> Path:
+  return Path(workdir) / point.name / f"seed{seed}"
+
+
+def parse_set(items) -> dict:
+  """['train.num_steps=300', 'loss.phi=logistic'] -> {'train.num_steps': 300, ...}."""
+  out = {}
+  for item in items:
+    key, sep, raw = item.partition("=")
+    if not sep:
+      raise app.UsageError(f"--set {item!r}: expected field=value")
+    try:
+      out[key] = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      out[key] = raw
+  return out
+
+
+def resolve(sweep: Sweep, config_arg: str | None = None, seeds: int | None = None,
+            extra: dict | None = None, only=None) -> Sweep:
+  """The sweep as it will run: --config, --seeds, --set and --only folded in."""
+  points = sweep.points
+  if only:
+    unknown = set(only) - {p.name for p in points}
+    if unknown:
+      raise app.UsageError(f"--only: no points named {sorted(unknown)}")
+    points = tuple(p for p in points if p.name in only)
+  baseline = sweep.baseline if sweep.baseline in {p.name for p in points} else None
+  return dataclasses.replace(
+      sweep, config=config_arg or sweep.config, points=points, baseline=baseline,
+      seeds=tuple(range(seeds)) if seeds else sweep.seeds,
+      base_overrides={**sweep.base_overrides, **(extra or {})})
+
+
+def run_config(sweep: Sweep, point: Point, seed: int):
+  """The locked ConfigDict of one run (errors name the offending field)."""
+  # The config stays locked: an override of an unknown field fails.
+  return apply_overrides(load_config(sweep.config), sweep.run_overrides(point, seed))
+
+
+def _flag_value(value) -> str:
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, (tuple, list)):
+    return "(" + ",".join(str(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+  return str(value)
+
+
+def train_command(sweep: Sweep, point: Point, seed: int, workdir) -> str:
+  """The `python -m experiments.train` line equivalent to one run of the sweep."""
+  args = ["python", "-m", "experiments.train", f"--config={sweep.config}",
+          f"--workdir={run_dir(workdir, point, seed)}"]
+  args += [f"--config.{k}={_flag_value(v)}" for k, v in sweep.run_overrides(point, seed).items()]
+  return " ".join(shlex.quote(a) for a in args)
+
+
+def run_status(rundir: Path) -> str:
+  if (rundir / "results.json").exists():
+    return "done"
+  if (rundir / "failed.json").exists():
+    return "failed"
+  return "todo"
+
+
+def write_sweep_json(sweep: Sweep, workdir) -> None:
+  root = Path(workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  (root / "sweep.json").write_text(json.dumps(sweep.to_json(), indent=2, default=str))
+
+
+def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False) -> dict:
+  """Trains (or resumes) one run; returns its results.json dict or {'error': ...}."""
+  from snm_jax.errors import SnmJaxError  # pylint: disable=g-import-not-at-top
+  from snm_jax.train import loop  # pylint: disable=g-import-not-at-top
+  rundir = run_dir(workdir, point, seed)
+  config = run_config(sweep, point, seed)
+  try:
+    out = loop.train_and_evaluate(config, rundir)
+  except SnmJaxError as e:
+    if "config." in str(e) and not rundir.exists():
+      raise
+    rundir.mkdir(parents=True, exist_ok=True)
+    (rundir / "failed.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}))
+    logging.error("run %s/seed%d failed: %s", point.name, seed, e)
+    return {"error": str(e)}
+  out.pop("state", None)
+  if clean:
+    shutil.rmtree(rundir / "checkpoints", ignore_errors=True)
+  return out
+
+
+def use_compilation_cache(path, min_compile_seconds: float = 0.0) -> tuple:
+  """Points JAX's persistent compilation cache at `path` (None: off).
+
+  Runs of one sweep compile the same programs (seeds differ in values only), so
+  the second seed of a point skips most of its compilation. Results are
+  unaffected: a cache hit loads the executable the compiler would produce.
+  Returns the previous (path, min_compile_seconds) so that a caller can restore them.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  previous = (jax.config.jax_compilation_cache_dir,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", None if path is None else str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
+  compilation_cache.reset_cache()  # JAX reads the folder once, at its first compilation.
+  return previous
+
+
+def run_sweep(sweep: Sweep, workdir, retry_failed: bool = False, clean: bool = False,
+              log=print) -> dict:
+  """Runs every unfinished point x seed in order. Returns {status: count}."""
+  write_sweep_json(sweep, workdir)
+  counts = {"skipped": 0, "ran": 0, "failed": 0}
+  runs = [(p, s) for p in sweep.points for s in sweep.seeds]
+  for i, (point, seed) in enumerate(runs):
+    rundir = run_dir(workdir, point, seed)
+    status = run_status(rundir)
+    if status == "done" or (status == "failed" and not retry_failed):
+      log(f"[{i + 1}/{len(runs)}] {point.name} seed {seed}: {status}, skipped")
+      counts["skipped"] += 1
+      continue
+    if status == "failed":
+      (rundir / "failed.json").unlink()
+    log(f"[{i + 1}/{len(runs)}] {point.name} seed {seed} -> {rundir}")
+    t0 = time.time()
+    out = run_one(sweep, point, seed, workdir, clean)
+    if "error" in out:
+      counts["failed"] += 1
+      log(f"    FAILED: {out['error']}")
+      continue
+    counts["ran"] += 1
+    final = out["final"]
+    log(f"    {time.time() - t0:.0f} s | {sweep.curve_metric} {final.get(sweep.curve_metric, float('nan')):.4f}"
+        f" | R@5 {final.get('R@5', float('nan')):.4f}")
+  return counts
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  if not _SWEEP.value or not _WORKDIR.value:
+    raise app.UsageError("--sweep and --workdir are required")
+  sweep = resolve(load_sweep(_SWEEP.value), _CONFIG.value, _SEEDS.value, parse_set(_SET.value),
+                  _ONLY.value)
+  for point in sweep.points:  # Fail on a bad override before any training.
+    run_config(sweep, point, sweep.seeds[0])
+  if _PRINT.value:
+    write_sweep_json(sweep, _WORKDIR.value)
+    done = 0
+    for point in sweep.points:
+      for seed in sweep.seeds:
+        if run_status(run_dir(_WORKDIR.value, point, seed)) == "done":
+          done += 1
+        else:
+          print(train_command(sweep, point, seed, _WORKDIR.value))
+    print(f"# {done} finished run(s) omitted", file=sys.stderr)
+    return
+  from snm_jax.train import quiet_logs  # pylint: disable=g-import-not-at-top
+  quiet_logs.install()
+  cache = _CACHE.value
+  if cache != "none":
+    use_compilation_cache(Path(_WORKDIR.value) / "jax_cache" if cache == "default" else cache)
+  counts = run_sweep(sweep, _WORKDIR.value, _RETRY.value, _CLEAN.value)
+  print(f"sweep {sweep.name}: {counts}; report: python -m experiments.report {_WORKDIR.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,33 @@
+r"""Doubly-stochastic mining (Rawat et al. 2021): top-k negatives per example and
+the average of the k' largest per-example losses of the minibatch.
+
+  python -m experiments.train --config=experiments/configs/s2m.py:amazoncat13k,kprime=256 --workdir=...
+  python -m experiments.train --config=experiments/configs/s2m.py:delicious,kprime=32 --workdir=...
+
+The paper's setting: N_mb = 2,048, K-bar (B) = 4,096, k = 64, k' in {256, 512, 2048}
+(k' = N_mb is plain SNM). Argument: "<variant>[,kprime=K'][,runlocal=1]".
+"""
+
+from experiments.configs import common, snm
+
+
+def get_config(arg: str = ""):
+  variant, kv = common.parse_arg(arg)
+  c = snm.configure_dataset(common.base_config(), variant)
+  if variant in snm.VARIANTS:
+    c.train.batch_size = 2048
+    c.mining.num_samples = 4096
+    c.mining.k = 64
+    c.loss.k_prime = int(kv.pop("kprime", 256))
+  else:
+    c.mining.k = min(16, c.mining.num_samples)
+    c.loss.k_prime = int(kv.pop("kprime", c.train.batch_size // 4))
+  c.mining.vartheta = "top_k"
+  c.loss.reduction = "s2m"
+  c.loss.phi = "logistic"
+  if kv.pop("runlocal", "0") == "1":
+    common.apply_runlocal(c)
+  if kv:
+    raise ValueError(f"unknown config arguments {sorted(kv)}")
+  c.lock()
+  return c

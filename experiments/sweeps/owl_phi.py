@@ -1,0 +1,31 @@
+r"""POWL vs BOWL and each surrogate phi, with top-16 SNM on Bibtex.
+
+  python -m experiments.ablate --sweep=experiments/sweeps/owl_phi.py --workdir=/tmp/owl_phi
+  python -m experiments.report /tmp/owl_phi --out=results/owl_phi
+
+POWL: sum_j theta_j phi(v_y - v_[j]) (pairwise); BOWL: phi(v_y) + sum_j
+theta_j phi(-v_[j]) (binary); phi in {hinge, logistic, squared hinge,
+exponential}, on cosine scores in [-1, 1].
+"""
+
+from experiments.sweeps.spec import Point, Sweep
+
+PHIS = ("hinge", "logistic", "squared_hinge", "exponential")
+
+
+def get_sweep(arg: str = "") -> Sweep:
+  del arg
+  points = tuple(Point(f"{kind}_{phi}", {"loss.kind": kind, "loss.phi": phi},
+                       f"{kind.upper()} {phi.replace('_', ' ')}")
+                 for kind in ("bowl", "powl") for phi in PHIS)
+  return Sweep(
+      title="POWL vs BOWL x phi on Bibtex (SNM top-16, B = 64)",
+      config="experiments/configs/snm.py:bibtex",
+      base_overrides={"mining.num_samples": 64, "mining.k": 16, "train.num_steps": 400,
+                      "train.eval_every": 200, "train.checkpoint_every": 200},
+      points=points,
+      seeds=(0,),
+      baseline="bowl_hinge",
+      notes=("Bibtex, SNM top-16 of B = 64 uniform shared negatives, batch 128, 400 steps, one "
+             "seed per point. Ratios are to BOWL/hinge (the default), not to negative sampling."),
+  )

@@ -1,0 +1,192 @@
+"""Figures of runs and sweeps (matplotlib, headless).
+
+Curves over seeds are drawn as the mean with a +-1 std band; bar charts show
+the mean, a +-1 std error bar and each seed as a dot.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402  pylint: disable=g-import-not-at-top
+import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
+import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
+
+SUBPOPULATIONS = ("all", "head", "torso", "tail")
+
+
+def curve(result: dict, metric: str):
+  """(steps, seconds, values) of `metric` from a results.json dict (history + final)."""
+  points = [(h["step"], h["train_seconds"], h[metric]) for h in result.get("history", []) if metric in h]
+  points.append((result["steps"], result["train_seconds_this_run"], result["final"][metric]))
+  steps, secs, vals = zip(*points)
+  return list(steps), list(secs), list(vals)
+
+
+def train_only_curve(result: dict, metric: str):
+  """Like `curve`, with the evaluation time taken out of the seconds axis.
+
+  The loop's `train_seconds` keep running during the periodic evaluations;
+  subtracting each history point's `eval_seconds` leaves training (and
+  compilation) time only.
+  """
+  history = [h for h in result.get("history", []) if metric in h]
+  steps, secs, vals, spent = [], [], [], 0.0
+  for h in history:
+    spent += h.get("eval_seconds", 0.0)
+    steps.append(h["step"])
+    secs.append(h["train_seconds"] - spent)
+    vals.append(h[metric])
+  steps.append(result["steps"])
+  secs.append(result["train_seconds_this_run"] - spent)
+  vals.append(result["final"][metric])
+  return steps, secs, vals
+
+
+def _save(fig, path) -> Path:
+  fig.tight_layout()
+  path = Path(path)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def _band(ax, x, ys, label, **kw):
+  ys = np.asarray(ys, np.float64)
+  mean = ys.mean(0)
+  line, = ax.plot(x, mean, label=label, **kw)
+  if ys.shape[0] > 1:
+    std = ys.std(0, ddof=1)
+    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, linewidth=0)
+  return line
+
+
+def plot_learning_curves(results: dict, metric: str, path, title: str = "") -> Path:
+  """Two panels: `metric` vs training step and vs training wall-clock seconds."""
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for name, res in results.items():
+    steps, secs, vals = curve(res, metric)
+    axes[0].plot(steps, vals, marker="o", label=name)
+    axes[1].plot(secs, vals, marker="o", label=name)
+  axes[0].set_xlabel("training step")
+  axes[1].set_xlabel("training time (s, wall clock)")
+  for ax in axes:
+    ax.set_ylabel(f"test {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
+def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = "") -> Path:
+  """`metric` vs step and vs training seconds (evaluation excluded), mean +- std over seeds.
+
+  Args:
+    runs: {label: [results.json dict of each seed]}; the seeds of one label
+      share their evaluation steps.
+  """
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+  for label, seeds in runs.items():
+    curves = [train_only_curve(r, metric) for r in seeds]
+    n = min(len(c[0]) for c in curves)
+    steps = curves[0][0][:n]
+    vals = [c[2][:n] for c in curves]
+    secs = np.mean([c[1][:n] for c in curves], axis=0)
+    line = _band(axes[0], steps, vals, label, marker="o", markersize=3)
+    _band(axes[1], secs, vals, label, marker="o", markersize=3, color=line.get_color())
+  axes[0].set_xlabel("training step")
+  axes[1].set_xlabel("training time (s, wall clock, evaluation excluded; mean over seeds)")
+  for ax in axes:
+    ax.set_ylabel(f"test {metric}")
+    ax.grid(alpha=0.3)
+  axes[1].legend(fontsize=8, loc="lower right")
+  fig.suptitle(_wrap(title or f"learning curves ({metric})", 110))
+  return _save(fig, path)
+
+
+def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
+  """recall@r vs r, one panel per subpopulation (all, head, torso, tail).
+
+  Args:
+    curves: {label: {subpopulation: (num_seeds, r_max) array-like}}.
+  """
+  present = [s for s in SUBPOPULATIONS if any(s in c for c in curves.values())]
+  fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 4.2), squeeze=False)
+  for ax, sub in zip(axes[0], present):
+    for label, by_sub in curves.items():
+      if sub in by_sub:
+        ys = np.asarray(by_sub[sub], np.float64)
+        _band(ax, np.arange(1, ys.shape[1] + 1), ys, label)
+    r_max = max(np.asarray(c[sub]).shape[-1] for c in curves.values() if sub in c)
+    if r_max >= 20:
+      ax.set_xscale("log")
+      ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("r (number of retrieved labels)")
+    ax.set_ylabel("recall@r")
+    ax.set_title("all test pairs" if sub == "all" else f"{sub.capitalize()} labels")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3, which="both")
+  axes[0][0].legend(fontsize=8, loc="upper left")
+  if title:
+    fig.suptitle(_wrap(title, 120))
+  return _save(fig, path)
+
+
+def plot_grouped_bars(values: dict, path, ylabel: str, title: str = "",
+                      reference: float | None = None, log: bool = False) -> Path:
+  """Grouped bars: mean +- std over seeds with each seed as a dot.
+
+  Args:
+    values: {group (x tick): {label (bar colour): [per-seed values]}}; with a
+      single group the labels become the x ticks.
+    reference: draws a dashed horizontal line there (e.g. 1 for ratios).
+  """
+  groups = list(values)
+  labels = list(dict.fromkeys(lab for g in groups for lab in values[g]))
+  single = len(groups) == 1
+  n_bars = len(labels) * (1 if single else len(groups))
+  width = 0.8 if single else 0.8 / max(len(labels), 1)
+  fig, ax = plt.subplots(figsize=(min(16, max(6.5, 0.55 * n_bars + 3)), 4.8))
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for j, label in enumerate(labels):
+    if single:
+      xs = [j]
+    else:
+      xs = np.arange(len(groups)) + (j - (len(labels) - 1) / 2) * width
+    legend_label = label
+    for x, g in zip(xs, groups):
+      v = np.asarray(values[g].get(label, []), np.float64)
+      if v.size == 0:
+        continue
+      err = v.std(ddof=1) if v.size > 1 else 0.0
+      ax.bar(x, v.mean(), width * 0.9, yerr=err, capsize=3, color=colors[j % len(colors)],
+             label=legend_label, alpha=0.85)
+      legend_label = None
+      ax.plot(np.full(v.size, x), v, "k.", markersize=5)
+  if reference is not None:
+    ax.axhline(reference, color="k", linestyle="--", linewidth=1)
+  if single:
+    ax.set_xticks(np.arange(len(labels)))
+    long = max(len(l) for l in labels) * len(labels) > 60
+    ax.set_xticklabels(labels, rotation=25 if long else 0, ha="right" if long else "center")
+    ax.set_xlabel(groups[0])
+  else:
+    ax.set_xticks(np.arange(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.legend(fontsize=8, ncol=min(4, len(labels)), loc="best")
+  ax.set_ylabel(ylabel)
+  if log:
+    ax.set_yscale("log")
+  ax.grid(alpha=0.3, axis="y")
+  if title:
+    fig.suptitle(_wrap(title), fontsize=11)
+  return _save(fig, path)
+
+
+def _wrap(title: str, width: int = 80) -> str:
+  return "\n".join(textwrap.fill(line, width) for line in title.split("\n"))

@@ -1,0 +1,195 @@
+"""experiments.ablate and experiments.report: a 2-point x 2-seed sweep end to end
+(runs, skip of finished runs, resume from a checkpoint), the printed command
+lines, and the report's numbers against the results.json files."""
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import ablate, report
+from experiments.sweeps import spec
+from snm_jax.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+SWEEP_FILE = '''
+from experiments.sweeps.spec import Point, Sweep
+
+def get_sweep(arg=""):
+  return Sweep(
+      title="tiny", config="experiments/configs/snm.py:synthetic,runlocal=1",
+      base_overrides={"dataset.synthetic.num_labels": 128, "dataset.synthetic.num_train": 1000,
+                      "dataset.synthetic.num_test": 200, "dataset.synthetic.dim": 8,
+                      "mining.num_samples": 32, "train.num_steps": 12, "eval.recall_r": 20,
+                      "train.eval_every": 6, "train.checkpoint_every": 0, "mesh.shape": (1, 1)},
+      points=(Point("k1", {"mining.k": 1}, "SNM top-1"),
+              Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling")),
+      seeds=(0, 1), baseline="ns", curve_metric="R@5")
+'''
+
+
+@pytest.fixture(scope="module")
+def sweep_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("sweepdef") / "tiny.py"
+  path.write_text(SWEEP_FILE)
+  return path
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(sweep_file, tmp_path_factory):
+  """Runs the 2 x 2 sweep once; returns (sweep, workdir, counts)."""
+  sweep = ablate.resolve(spec.load_sweep(str(sweep_file)))
+  workdir = tmp_path_factory.mktemp("sweep")
+  previous = ablate.use_compilation_cache(tmp_path_factory.mktemp("jax_cache"))
+  try:
+    counts = ablate.run_sweep(sweep, workdir, log=lambda *_: None)
+    yield sweep, workdir, counts
+  finally:
+    ablate.use_compilation_cache(*previous)
+
+
+def _parse_command(cmd: str):
+  """The ConfigDict that `experiments.train` would build from a printed command line."""
+  argv = shlex.split(cmd)
+  assert argv[:3] == ["python", "-m", "experiments.train"]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                  sys_argv=["train"] + argv[3:])
+  flags.DEFINE_string("workdir", None, "", flag_values=fv)
+  fv(["train"] + argv[3:])
+  return fv.config, fv.workdir
+
+
+def test_printed_commands_rebuild_the_same_configs(sweep_file, tmp_path):
+  sweep = ablate.resolve(spec.load_sweep(str(sweep_file)), seeds=3,
+                         extra={"loss.phi": "logistic", "mesh.shape": (1, 1)})
+  assert sweep.seeds == (0, 1, 2)
+  for point in sweep.points:
+    for seed in sweep.seeds:
+      config, workdir = _parse_command(ablate.train_command(sweep, point, seed, tmp_path))
+      expected = ablate.run_config(sweep, point, seed)
+      assert config.to_json() == expected.to_json()
+      assert workdir == str(tmp_path / point.name / f"seed{seed}")
+      assert config.seed == seed and config.loss.phi == "logistic"
+      assert tuple(config.mesh.shape) == (1, 1)
+
+
+def test_cli_print_commands_lists_unfinished_runs_only(sweep_file, tmp_path):
+  (tmp_path / "k1" / "seed1").mkdir(parents=True)
+  (tmp_path / "k1" / "seed1" / "results.json").write_text("{}")
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.ablate", f"--sweep={sweep_file}",
+       f"--workdir={tmp_path}", "--print_commands", "--set=train.num_steps=7"],
+      cwd=REPO, capture_output=True, text=True, check=True, timeout=60)
+  lines = out.stdout.strip().splitlines()
+  assert len(lines) == 3  # 2 points x 2 seeds, one finished
+  assert not any("k1/seed1" in l for l in lines)
+  assert all("--config.train.num_steps=7" in l for l in lines)
+  assert "1 finished run(s) omitted" in out.stderr
+  assert json.loads((tmp_path / "sweep.json").read_text())["base_overrides"]["train.num_steps"] == 7
+
+
+def test_bad_override_names_the_field():
+  c = spec.load_config("experiments/configs/snm.py:bibtex,runlocal=1")
+  with pytest.raises(ConfigError, match="mining.kk"):
+    spec.apply_overrides(c, {"mining.kk": 3})
+  with pytest.raises(ConfigError, match="mining.k"):
+    spec.apply_overrides(c, {"mining.k": "many"})
+  with pytest.raises(ValueError, match="point name"):
+    spec.Point("a b", {})
+
+
+def test_sweep_runs_skips_and_resumes(finished_sweep):
+  sweep, workdir, counts = finished_sweep
+  assert counts == {"skipped": 0, "ran": 4, "failed": 0}
+  files = sorted(workdir.glob("*/seed*/results.json"))
+  assert [f.relative_to(workdir).as_posix() for f in files] == [
+      "k1/seed0/results.json", "k1/seed1/results.json", "ns/seed0/results.json",
+      "ns/seed1/results.json"]
+  mtimes = [f.stat().st_mtime_ns for f in files]
+  assert ablate.run_sweep(sweep, workdir, log=lambda *_: None) == {"skipped": 4, "ran": 0, "failed": 0}
+  assert [f.stat().st_mtime_ns for f in files] == mtimes
+  # An interrupted run (no results.json) resumes from its final checkpoint: same state.
+  victim = workdir / "k1" / "seed1" / "results.json"
+  before = json.loads(victim.read_text())
+  victim.unlink()
+  assert ablate.run_sweep(sweep, workdir, log=lambda *_: None)["ran"] == 1
+  after = json.loads(victim.read_text())
+  assert after["state_fingerprint"] == before["state_fingerprint"]
+  assert after["final"]["R@5"] == before["final"]["R@5"]
+  # Different seeds are different runs.
+  other = json.loads((workdir / "k1" / "seed0" / "results.json").read_text())
+  assert other["state_fingerprint"] != after["state_fingerprint"]
+
+
+def _cell(md: str, section: str, row: str, col: str) -> str:
+  """The cell of a markdown table under `## section`."""
+  block = md.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+  lines = [l for l in block.splitlines() if l.startswith("|")]
+  header = [c.strip() for c in lines[0].strip("|").split("|")]
+  for l in lines[2:]:
+    cells = [c.strip() for c in l.strip("|").split("|")]
+    if cells[0] == row:
+      return cells[header.index(col)]
+  raise KeyError(row)
+
+
+def _mean_std(cell: str):
+  m = re.fullmatch(r"([-\d.]+) ± ([-\d.]+)", cell)
+  assert m, cell
+  return float(m.group(1)), float(m.group(2))
+
+
+def test_report_numbers_and_figures(finished_sweep, tmp_path):
+  _, workdir, _ = finished_sweep
+  out = tmp_path / "out"
+  md = report.write_report(workdir, out).read_text()
+  res = {(p, s): json.loads((workdir / p / f"seed{s}" / "results.json").read_text())
+         for p in ("k1", "ns") for s in (0, 1)}
+  p1 = np.array([res["k1", s]["final"]["P@1"] for s in (0, 1)])
+  m, sd = _mean_std(_cell(md, "Final test metrics", "SNM top-1", "P@1"))
+  assert m == pytest.approx(p1.mean(), abs=6e-5) and sd == pytest.approx(p1.std(ddof=1), abs=6e-5)
+  ratio = np.array([res["k1", s]["final"]["R@5"] / res["ns", s]["final"]["R@5"] for s in (0, 1)])
+  m, sd = _mean_std(_cell(md, "Ratio to negative sampling", "SNM top-1", "R@5"))
+  assert m == pytest.approx(ratio.mean(), abs=6e-3) and sd == pytest.approx(ratio.std(ddof=1), abs=6e-3)
+  m, _ = _mean_std(_cell(md, "Ratio to negative sampling", "negative sampling", "P@1"))
+  assert m == 1.0
+  tail10 = np.array([res["ns", s]["final"]["recall@r/tail"][9] for s in (0, 1)])
+  section = "Retrieval recall@r per subpopulation"
+  block = md.split(f"## {section}\n", 1)[1]
+  row = next(l for l in block.splitlines() if l.startswith("| tail | negative sampling |"))
+  m, _ = _mean_std(row.strip("|").split("|")[4].strip())  # subpop, point, r=1, r=5, r=10
+  assert m == pytest.approx(tail10.mean(), abs=6e-5)
+  bayes = np.array([res["k1", s]["final"]["R@5"] / res["k1", s]["final"]["bayes/R@5"] for s in (0, 1)])
+  m, _ = _mean_std(_cell(md, "Model vs the Bayes-optimal predictor (synthetic data)", "SNM top-1",
+                         "R@5 / Bayes R@5"))
+  assert m == pytest.approx(bayes.mean(), abs=6e-4)
+  for name in ("learning_curves.png", "recall_curves.png", "ratios.png", "cost_per_step.png"):
+    assert f"]({name})" in md
+    image = __import__("matplotlib.pyplot").pyplot.imread(out / name)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.std() > 0.01
+  # The committed summary alone regenerates the same report.
+  again = report.write_report(out, tmp_path / "again").read_text()
+  assert again == md
+
+
+def test_steady_cost_and_class_accuracy_formulas():
+  res = {"steps": 300, "seconds_per_step": 1.0, "train_seconds_this_run": 50.0,
+         "history": [{"step": 100, "train_seconds": 20.0, "eval_seconds": 4.0},
+                     {"step": 200, "train_seconds": 36.0, "eval_seconds": 6.0}]}
+  # (50 - 20 - 6) s over the 200 steps after the first evaluation.
+  assert report.steady_seconds_per_step(res) == pytest.approx(24.0 / 200)
+  steps, secs, _ = __import__("snm_jax.train.plots").train.plots.train_only_curve(
+      {**res, "final": {"m": 3.0}, "history": [{**h, "m": 1.0} for h in res["history"]]}, "m")
+  assert steps == [100, 200, 300] and secs == pytest.approx([16.0, 26.0, 40.0])
+  final = {"recall@r": [0.6], "recall@r/head": [1.0], "recall@r/torso": [0.5],
+           "recall@r/tail": [0.2], "num_pairs/head": 30, "num_pairs/torso": 10}
+  assert report.class_accuracy(final) == pytest.approx({"all": 0.6, "head": 0.875, "tail": 0.2})

@@ -1,0 +1,101 @@
+"""Tree fitting: Newton steps, re-assignment, and the fitted tree's likelihood."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+import sklearn.decomposition
+
+from snm_jax import adversarial as adv
+from snm_jax.adversarial import fit
+
+
+def _node_problem(seed=0, num_nodes=3, n=300, k=2):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, k)) + rng.normal(size=k)
+  node = rng.integers(0, num_nodes, n)
+  # Noisy linear labels so the regularised optimum is finite and well inside.
+  zeta = np.where(x @ rng.normal(size=k) + 0.3 + rng.normal(size=n) > 0, 1.0, -1.0)
+  xa = np.concatenate([x, np.ones((n, 1))], 1)
+  return xa, zeta, node
+
+
+def _np_objective(theta, xa, zeta, reg):
+  return np.sum(-np.logaddexp(0.0, -zeta * (xa @ theta))) - reg * theta @ theta
+
+
+def test_newton_step_increases_node_objective_and_reaches_the_optimum():
+  xa, zeta, node = _node_problem()
+  reg, m = 0.1, 3
+  args = (jnp.asarray(xa, jnp.float32), fit.upper_outer_products(jnp.asarray(xa, jnp.float32)),
+          jnp.asarray(zeta, jnp.float32), jnp.asarray(node))
+  step = jax.jit(lambda th: fit.newton_step(th, *args, reg))
+  objective = jax.jit(lambda th: fit.node_objective(th, args[0], args[2], args[3], reg))
+  theta = jnp.zeros((m, 3))
+  values = [np.asarray(objective(theta))]
+  for _ in range(8):
+    theta = step(theta)
+    values.append(np.asarray(objective(theta)))
+  values = np.array(values)
+  assert np.all(values[1] > values[0] + 1.0)  # the first step is a real improvement
+  assert np.all(np.diff(values, axis=0) >= -1e-3)  # and no step ever decreases L_n
+  for n in range(m):
+    sel = node == n
+    np.testing.assert_allclose(values[:, n][-1], _np_objective(np.asarray(theta[n], np.float64),
+                                                               xa[sel], zeta[sel], reg), rtol=1e-5)
+    ref = scipy.optimize.minimize(lambda t: -_np_objective(t, xa[sel], zeta[sel], reg),
+                                  np.zeros(3), method="BFGS", options=dict(gtol=1e-8))
+    np.testing.assert_allclose(theta[n], ref.x, atol=2e-3)
+
+
+def test_reassign_is_a_median_split_by_delta():
+  # One node (shift = depth = 2 -> level 0) over 4 slots: labels 0..2 plus one padding slot.
+  sums = jnp.asarray([[3.0], [-1.0], [2.0]])
+  counts = jnp.asarray([1.0, 2.0, 4.0])
+  theta = jnp.asarray([[1.0, 0.5]])  # Delta = [3.5, 0.0, 4.0]
+  las, moved = fit._reassign(theta, jnp.asarray([2, 1, 0, -1]), sums, counts, 2)
+  # Sorted by Delta: label 1 (0.0), label 0 (3.5), label 2 (4.0), padding last. Slots 0, 1
+  # are the left half, so labels 0 (right -> left) and 2 (left -> right) change sides.
+  np.testing.assert_array_equal(las, [1, 0, 2, -1])
+  assert int(moved) == 2
+  las, moved = fit._reassign(theta, las, sums, counts, 2)
+  np.testing.assert_array_equal(las, [1, 0, 2, -1])
+  assert int(moved) == 0
+
+
+def test_fitted_tree_beats_a_random_balanced_tree_on_a_planted_hierarchy():
+  c, k = 60, 6  # L = 64: four padding leaves
+  x, y = adv.planted_hierarchy(0, c, k, c * 40 + 2000, decay=0.8, noise=0.15)
+  (x_tr, y_tr), (x_te, y_te) = (x[:-2000], y[:-2000]), (jnp.asarray(x[-2000:]), y[-2000:])
+  fitted, reports = adv.fit_tree(x_tr, y_tr, c)
+  assert len(reports) == 6 and all(r.iterations >= 1 for r in reports)
+  perm = np.random.default_rng(1).permutation(c)
+  random_tree, _ = adv.fit_tree(x_tr, y_tr, c, max_reassign_iters=0, init_leaf_of_label=perm)
+  assert np.array_equal(np.asarray(random_tree.leaf_of_label_C), perm)
+  ll = lambda t: float(jnp.mean(adv.log_prob(t, x_te, jnp.asarray(y_te)[:, None])))
+  ll_fit, ll_random = ll(fitted), ll(random_tree)
+  # Uniform is -log 60 = -4.09; Bayes-optimal is about -0.02.
+  assert ll_fit > -0.5 and ll_random < -1.5, (ll_fit, ll_random)
+  assert ll_fit > ll_random + 1.0
+
+  # The fitted tree is a proper distribution over the real labels only.
+  p = np.exp(np.asarray(adv.log_prob_all(fitted, x_te[:32]), np.float64))
+  np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=2e-6)
+  leaf_p = np.exp(np.asarray(adv.leaf_log_probs(fitted, x_te[:32])))
+  assert np.all(leaf_p[:, np.asarray(fitted.label_of_leaf_L) < 0] == 0.0)
+
+
+def test_projection_matches_sklearn_pca_for_dense_and_sparse_input():
+  rng = np.random.default_rng(0)
+  dense = (rng.random((200, 12)) < 0.3) * rng.random((200, 12)) * np.arange(1, 13)
+  mean, comps = adv.fit_projection(dense, 4)
+  pca = sklearn.decomposition.PCA(4, svd_solver="full").fit(dense)
+  signs = np.sign(np.sum(comps * pca.components_, axis=1))
+  np.testing.assert_allclose(comps, signs[:, None] * pca.components_, atol=1e-4)
+  np.testing.assert_allclose(adv.project(dense, (mean, comps)),
+                             signs * pca.transform(dense), atol=1e-4)
+  mean_s, comps_s = adv.fit_projection(scipy.sparse.csr_matrix(dense), 4)
+  np.testing.assert_allclose(comps_s, comps, atol=1e-5)
+  np.testing.assert_allclose(adv.project(scipy.sparse.csr_matrix(dense), (mean_s, comps_s)),
+                             adv.project(dense, (mean, comps)), atol=1e-4)

@@ -1,0 +1,136 @@
+"""train_and_evaluate end to end: learning, config errors, non-finite handling,
+kill-and-resume bit equality, corrupt-checkpoint fallback."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.configs import default
+from snm_jax.errors import ConfigError, NonFiniteLossError
+from snm_jax.train.loop import train_and_evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def synthetic_config(**overrides):
+  c = default.get_config("runlocal")
+  c.dataset.name = "synthetic"
+  c.dataset.synthetic.num_labels = 256
+  c.dataset.synthetic.num_train = 3000
+  c.dataset.synthetic.num_test = 500
+  c.dataset.synthetic.dim = 16
+  c.mesh.shape = (1, 1)
+  c.train.log_every = 50
+  c.train.eval_every = 0
+  c.train.checkpoint_every = 0
+  c.eval.max_examples = 0
+  for k, v in overrides.items():
+    node = c
+    *path, leaf = k.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = v
+  return c
+
+
+def test_training_beats_untrained_model_by_a_wide_margin(tmp_path):
+  untrained = train_and_evaluate(synthetic_config(**{"train.num_steps": 0}), tmp_path / "u")
+  trained = train_and_evaluate(synthetic_config(**{"train.num_steps": 300, "train.batch_size": 64,
+                                                   "mining.num_samples": 64, "mining.k": 4}),
+                               tmp_path / "t")
+  r5_u, r5_t = untrained["final"]["R@5"], trained["final"]["R@5"]
+  bayes = trained["final"]["bayes/R@5"]
+  assert r5_t > 3 * r5_u and r5_t > 0.2, (r5_u, r5_t, bayes)
+  assert r5_t <= bayes + 0.05  # nothing beats the Bayes-optimal predictor (up to test noise)
+  written = json.loads((tmp_path / "t" / "results.json").read_text())
+  assert written["final"]["R@5"] == pytest.approx(r5_t)
+  assert (tmp_path / "t" / "metrics.jsonl").read_text().count("\n") >= 6
+  assert json.loads((tmp_path / "t" / "config.json").read_text())["mining"]["k"] == 4
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("mining.k", 100, "mining.k"),
+    ("loss.phi", "hinjе", "loss.phi"),
+    ("loss.kind", "softmaxx", "loss.kind"),
+    ("mining.scale", "median", "mining"),
+    ("loss.reduction", "s2m", "loss.k_prime"),
+    ("dataset.name", "no-such-dataset", "dataset.name"),
+    ("mining.num_strata", 3, "mining.num_samples"),
+])
+def test_bad_config_fails_before_compiling_with_the_field_named(tmp_path, field, value, message):
+  c = synthetic_config(**{field: value})
+  c.dataset.fallback_to_synthetic = False
+  t0 = time.perf_counter()
+  with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+    train_and_evaluate(c, tmp_path)
+  assert time.perf_counter() - t0 < 10
+
+
+def test_nonfinite_loss_stops_naming_the_step(tmp_path):
+  c = synthetic_config(**{"loss.phi": "exponential", "loss.scale": 1e5, "train.num_steps": 5,
+                          "train.log_every": 5})
+  with pytest.raises(NonFiniteLossError, match="step 0"):
+    train_and_evaluate(c, tmp_path)
+
+
+def test_nonfinite_skip_mode_counts_and_finishes(tmp_path):
+  c = synthetic_config(**{"loss.phi": "exponential", "loss.scale": 1e5, "train.num_steps": 3,
+                          "train.on_nonfinite": "skip"})
+  out = train_and_evaluate(c, tmp_path)
+  assert out["nonfinite_steps"] == 3
+
+
+def _train_cmd(workdir, steps):
+  return [sys.executable, "-m", "experiments.train",
+          "--config=experiments/configs/default.py:runlocal", f"--workdir={workdir}",
+          "--config.dataset.name=synthetic", "--config.mesh.shape=(1,1)",
+          f"--config.train.num_steps={steps}", "--config.train.checkpoint_every=25",
+          "--config.train.eval_every=0", "--config.train.log_every=25"]
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_gives_bitwise_identical_state(tmp_path):
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  steps = 400
+  subprocess.run(_train_cmd(tmp_path / "full", steps), cwd=REPO, env=env, check=True,
+                 capture_output=True)
+  proc = subprocess.Popen(_train_cmd(tmp_path / "killed", steps), cwd=REPO, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ckpts = tmp_path / "killed" / "checkpoints"
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if ckpts.is_dir() and any(p.name.isdigit() and int(p.name) >= 50 for p in ckpts.iterdir()):
+      proc.send_signal(signal.SIGKILL)
+      break
+    time.sleep(0.02)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+  assert not (tmp_path / "killed" / "results.json").exists()
+  subprocess.run(_train_cmd(tmp_path / "killed", steps), cwd=REPO, env=env, check=True,
+                 capture_output=True)
+  full = json.loads((tmp_path / "full" / "results.json").read_text())
+  resumed = json.loads((tmp_path / "killed" / "results.json").read_text())
+  assert resumed["steps"] == full["steps"] == steps
+  assert resumed["state_fingerprint"] == full["state_fingerprint"]
+  assert resumed["final"] == {**full["final"], "eval_seconds": resumed["final"]["eval_seconds"]}
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path):
+  c = synthetic_config(**{"train.num_steps": 20, "train.checkpoint_every": 10,
+                          "train.keep_checkpoints": 3})
+  first = train_and_evaluate(c, tmp_path)
+  latest = tmp_path / "checkpoints" / "20"
+  for f in latest.rglob("*"):
+    if f.is_file() and "state" in str(f):
+      f.write_bytes(b"garbage")
+  c2 = synthetic_config(**{"train.num_steps": 20, "train.checkpoint_every": 10,
+                           "train.keep_checkpoints": 3})
+  (tmp_path / "results.json").unlink()
+  again = train_and_evaluate(c2, tmp_path)  # resumes from step 10, redoes 10 steps
+  assert again["state_fingerprint"] == first["state_fingerprint"]
