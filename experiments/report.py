@@ -233,7 +233,7 @@ def render(sweep: Sweep, runs: dict, failed: dict, figures: dict) -> str:
   md += ["## Retrieval recall@r per subpopulation", "",
          "Test (x, y) pairs split by the training frequency of y: Head = labels above the 2/3 "
          "quantile of the training counts, Tail = at or below the 1/3 quantile "
-         "(Rawat et al. 2021). Pairs per subpopulation: "
+         "(Rawat et al. 2021). Pairs per subpopulation (first run): "
          + ", ".join(f"{s} {any_run['final'].get(f'num_pairs/{s}', 0)}" for s in SUBPOPULATIONS)
          + ".", ""]
   rows = []

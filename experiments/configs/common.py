@@ -54,9 +54,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.scale = 1.0              # Scores are multiplied by this before the loss (softmax temperature).
   c.loss.reduction = "mean"       # mean | s2m (average of the k' largest per-example losses).
   c.loss.k_prime = 0              # k' of S2M; must be <= train.batch_size.
+  c.loss.adv_lambda = 1e-3        # lambda of Bamler & Mandt's Eq. 6 regulariser (loss.kind=adversarial_ns).
 
   c.mining = ml_collections.ConfigDict()
-  c.mining.sampler = "uniform"    # uniform | unigram | full (all labels; small K only).
+  # uniform | unigram | full (all labels; small K only) | tree (Bamler & Mandt's adversarial sampler).
+  c.mining.sampler = "uniform"
   c.mining.per_example = False    # False: B ids shared by the minibatch; True: B per example (Alg. 1).
   c.mining.num_samples = 1024     # B.
   c.mining.num_strata = 8         # V: sampling strata; the mesh's model size must divide it.
@@ -68,6 +70,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.mining.scale = "mean"
   c.mining.power_alpha = 1.0      # power_law exponent.
   c.mining.floor = 0.0            # Calibration floor eps for j > k (footnote 2 of Reddi et al.).
+
+  c.adversarial = ml_collections.ConfigDict()
+  c.adversarial.pca_dim = 16          # The tree works on PCA-k features (k = 16 in the paper).
+  c.adversarial.node_reg = 0.1        # lambda_n of each node's Newton fit.
+  c.adversarial.max_reassign_iters = 10
+  c.adversarial.debias_eval = True    # Predict with xi + log p_n(y|x) (Eq. 5).
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1)          # (data, model); one entry may be -1.
@@ -88,6 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.query_chunk = 512        # Queries per retrieval call (bounded memory).
   c.eval.row_block = 4096         # Class rows scored per scan block.
   c.eval.max_examples = 0         # Evaluate on the first n test points (0 = all).
+  c.eval.log_likelihood = False   # Also the predictive log-likelihood of each point's first label (O(K) per query).
   c.eval.psp_a = 0.55             # Jain et al. propensity A.
   c.eval.psp_b = 1.5              # Jain et al. propensity B.
 

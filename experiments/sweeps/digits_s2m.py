@@ -22,7 +22,7 @@ def get_sweep(arg: str = "") -> Sweep:
       points=tuple(Point(f"kprime{k}", {"loss.k_prime": k},
                          f"k'={k}" + (" (plain SGD)" if k == 64 else ""))
                    for k in (1, 16, 32, 64)),
-      seeds=(0, 1, 2),
+      seeds=(0, 1, 2, 3, 4),
       seed_fields=("seed", "dataset.synthetic.seed"),
       baseline="kprime64",
       curve_metric="P@1",

@@ -24,6 +24,8 @@ def get_sweep(arg: str = "") -> Sweep:
           Point("k1", {"mining.k": 1}, "SNM top-1"),
           Point("k16", {"mining.k": 16}, "SNM top-16"),
           Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling"),
+          Point("k16_8k", {"mining.k": 16, "train.num_steps": 8000, "train.eval_every": 2000},
+                "SNM top-16, 8,000 steps"),
           Point("softmax", {"loss.kind": "full_softmax", "mining.sampler": "full",
                             "loss.scale": 10.0}, "full softmax"),
       ),
@@ -33,5 +35,6 @@ def get_sweep(arg: str = "") -> Sweep:
       notes=("Synthetic generator with K = 1,024 labels (16 concepts x 8 sub-clusters, "
              "Zipf labels inside each), 3 subpopulations, 64-d dense features, 50,000 training "
              "and 2,000 test points (the generator's default test size and seed); BOWL/hinge, "
-             "B = 256 uniform shared negatives, batch 128, 4,000 steps (~10 epochs)."),
+             "B = 256 uniform shared negatives, batch 128, 4,000 steps (~10 epochs; one SNM point "
+             "also with 8,000). Full softmax: scores x 10 (experiments/configs/full_softmax.py)."),
   )

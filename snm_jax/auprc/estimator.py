@@ -2,8 +2,9 @@
 
 A batch is one query's ranked list: `scores_B` are the scores h(x) of B items,
 `pos_mask_B` marks the relevant ones (z+), every other valid item is a negative
-(z-). `valid_mask_B` removes items from both sets (e.g. the query itself).
-Shapes are static; use `jax.vmap` over queries.
+(z-). `valid_mask_B` removes items from both sets (e.g. the query itself);
+masked entries must still hold finite scores (pad with 0, not -inf). Shapes are
+static; use `jax.vmap` over queries.
 
 With `max_positives=P` (static) the positives are gathered into P slots before
 the O(P x B) pair terms are formed, instead of O(B x B); it must be at least the

@@ -22,7 +22,8 @@ from snm_jax.sharding import DATA, MODEL
 P = jax.P
 
 
-def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize, bias_fn, extra):
+def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize, bias_fn, extra,
+                       with_lse=False):
   """Running top-k of q @ table.T over blocks of rows. q (n, h), table (R_loc, h)."""
   n = q.shape[0]
   r_loc = table.shape[0]
@@ -30,7 +31,7 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
   num_blocks = -(-r_loc // r)
 
   def body(carry, b):
-    vals, ids = carry
+    vals, ids, lse = carry
     # The last block is shifted back to stay in range; rows it re-visits are masked.
     start = jnp.minimum(b * r, r_loc - r)
     rows = jax.lax.dynamic_slice_in_dim(table, start, r, axis=0)
@@ -44,19 +45,27 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
     all_vals = jnp.concatenate([vals, s], axis=1)
     all_ids = jnp.concatenate([ids, jnp.broadcast_to(gid[None], (n, r))], axis=1)
     top, pos = jax.lax.top_k(all_vals, k)
-    return (top, jnp.take_along_axis(all_ids, pos, axis=1)), None
+    if with_lse:  # running log-sum-exp over all labels (for normalised log-likelihoods)
+      lse = jnp.logaddexp(lse, jax.nn.logsumexp(s, axis=1))
+    return (top, jnp.take_along_axis(all_ids, pos, axis=1), lse), None
 
-  init = (jnp.full((n, k), -jnp.inf, q.dtype), jnp.full((n, k), -1, jnp.int32))
+  init = (jnp.full((n, k), -jnp.inf, q.dtype), jnp.full((n, k), -1, jnp.int32),
+          jnp.full((n,), -jnp.inf, q.dtype))
   # Peeling block 0 off the scan gives a carry already typed like the blocks
   # (varying over the mesh axes inside shard_map), as scan requires.
   carry, _ = body(init, 0)
-  (vals, ids), _ = jax.lax.scan(body, carry, jnp.arange(1, num_blocks))
-  return vals, ids
+  (vals, ids, lse), _ = jax.lax.scan(body, carry, jnp.arange(1, num_blocks))
+  return vals, ids, lse
 
 
 def make_top_k_retrieval(mesh, *, k: int, num_labels: int, row_block: int = 4096,
-                         normalize_classes: bool = True, bias_fn: Callable | None = None):
+                         normalize_classes: bool = True, bias_fn: Callable | None = None,
+                         with_logsumexp: bool = False):
   """Returns jitted `retrieve(queries (n, h), table (K_pad, h), extra) -> (scores, ids)`.
+
+  With `with_logsumexp` it returns (scores, ids, lse), `lse` (n,) being
+  log sum_y exp(score_y) over all K labels (for normalised log-likelihoods,
+  e.g. Bamler & Mandt's predictive log-likelihood).
 
   queries are sharded over `data` (n divisible by its size), the table over
   `model`. `extra` (n, ...) is passed to `bias_fn(extra, label_ids) -> (n, R)`;
@@ -66,13 +75,20 @@ def make_top_k_retrieval(mesh, *, k: int, num_labels: int, row_block: int = 4096
 
   def local(q_l, table_l, *extra_l):
     j = jax.lax.axis_index(MODEL)
-    vals, ids = _local_block_top_k(q_l, table_l, k, row_block, num_labels, j * table_l.shape[0],
-                                   normalize_classes, bias_fn, extra_l[0] if has_extra else None)
+    vals, ids, lse = _local_block_top_k(q_l, table_l, k, row_block, num_labels, j * table_l.shape[0],
+                                        normalize_classes, bias_fn, extra_l[0] if has_extra else None,
+                                        with_logsumexp)
     vals, ids, valid = merge_top_k_across(vals, ids, ids >= 0, k, MODEL)
-    return vals, jnp.where(valid, ids, -1)
+    ids = jnp.where(valid, ids, -1)
+    if not with_logsumexp:
+      return vals, ids
+    m = jax.lax.pmax(lse, MODEL)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    return vals, ids, m_safe + jnp.log(jax.lax.psum(jnp.exp(lse - m_safe), MODEL))
 
   in_specs = (P(DATA, None), P(MODEL, None)) + ((P(DATA),) if has_extra else ())
-  sm = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(P(DATA, None), P(DATA, None)))
+  out_specs = (P(DATA, None), P(DATA, None)) + ((P(DATA),) if with_logsumexp else ())
+  sm = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
   @jax.jit
   def retrieve(queries, table, extra=None):

@@ -131,6 +131,13 @@ class StratifiedSampler:
     return jax.vmap(for_key)(ex_keys)
 
 
+def uniform_log_expected_count(sampler: StratifiedSampler, labels):
+  """log E[#draws of y] among the B draws of the uniform stratified sampler: log(d / n_real(stratum(y)))."""
+  stratum = labels // sampler.rows_per_stratum
+  n_real = jnp.maximum(sampler.real_rows(stratum), 1).astype(jnp.float32)
+  return jnp.log(sampler.draws_per_stratum / n_real)
+
+
 def unigram_stratum_cdf(label_counts: np.ndarray, num_strata: int, smoothing: float = 1.0,
                         power: float = 1.0) -> np.ndarray:
   """Within-stratum CDFs of p(y) ~ (count_y + smoothing)^power; shape (K_pad,).

@@ -92,3 +92,31 @@ def logistic_negative_sampling_loss(pos, scores, valid, *, axis_name=None):
                       axis=-1), axis_name)
   count = _psum(jnp.sum(valid, axis=-1), axis_name)
   return -jax.nn.log_sigmoid(pos) - neg / jnp.maximum(count, 1)
+
+
+def adversarial_ns_loss(pos, scores, valid, log_q, log_q_pos, *, lam: float, num_samples: int,
+                        axis_name=None):
+  """Bamler & Mandt Eq. 6 with the S drawn negatives averaged (their code's choice):
+  -log s(xi_y) + lam (xi_y + log p_n(y|x))^2 + mean_s[-log s(-xi_s) + lam (xi_s + log p_n(y_s|x))^2].
+  `log_q` / `log_q_pos` are log expected counts log(S p_n); log p_n carries no
+  gradient (the tree is fixed while the model trains)."""
+  log_s = jnp.log(float(num_samples))
+  log_q = jax.lax.stop_gradient(log_q) - log_s
+  log_q_pos = jax.lax.stop_gradient(log_q_pos) - log_s
+  pos_term = -jax.nn.log_sigmoid(pos) + lam * jnp.square(pos + log_q_pos)
+  safe = jnp.where(valid, scores, 0.0)
+  neg_terms = -jax.nn.log_sigmoid(-safe) + lam * jnp.square(safe + jnp.where(valid, log_q, 0.0))
+  neg = _psum(jnp.sum(jnp.where(valid, neg_terms, 0.0), axis=-1), axis_name)
+  count = _psum(jnp.sum(valid, axis=-1), axis_name)
+  return pos_term + neg / jnp.maximum(count, 1)
+
+
+def nce_loss(pos, scores, valid, log_q, log_q_pos, *, axis_name=None):
+  """Noise-contrastive estimation with S draws from the noise distribution q:
+  -log s(v_y - log(S q_y)) - sum_s log s(-(v_s - log(S q_s))), where log_q,
+  log_q_pos are the log expected counts log(S q). No bias removal at
+  prediction (the model estimates log p(y|x) itself)."""
+  pos_term = -jax.nn.log_sigmoid(pos - jax.lax.stop_gradient(log_q_pos))
+  logits = jnp.where(valid, scores - jax.lax.stop_gradient(log_q), 0.0)
+  neg = _psum(jnp.sum(jnp.where(valid, -jax.nn.log_sigmoid(-logits), 0.0), axis=-1), axis_name)
+  return pos_term + neg

@@ -13,8 +13,8 @@ from snm_jax.models.towers import LinearQuery, SNMTower
 from snm_jax.train import row_optimizers
 from snm_jax.train.step import LossSpec
 
-LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns")
-SAMPLERS = ("uniform", "unigram", "full")
+LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns", "adversarial_ns", "nce")
+SAMPLERS = ("uniform", "unigram", "full", "tree")
 VARTHETAS = ("top_k", "negative_sampling", "power_law")
 REDUCTIONS = ("mean", "s2m")
 
@@ -42,6 +42,12 @@ def validate(config, num_labels: int) -> None:
       raise ConfigError("mining.sampler", "'full' scores every label; use it with loss.kind=full_softmax")
   elif config.loss.kind == "full_softmax":
     raise ConfigError("loss.kind", "full_softmax needs mining.sampler='full'")
+  if config.loss.kind == "adversarial_ns" and config.mining.sampler != "tree":
+    raise ConfigError("loss.kind", "adversarial_ns (Eq. 6) needs mining.sampler='tree'")
+  if config.loss.kind == "nce" and config.mining.sampler not in ("uniform", "tree"):
+    raise ConfigError("loss.kind", "nce needs mining.sampler='uniform' or 'tree'")
+  if config.mining.sampler == "tree" and config.loss.kind in ("sampled_softmax", "full_softmax"):
+    raise ConfigError("mining.sampler", f"the tree sampler does not support loss.kind={config.loss.kind}")
   if config.loss.kind == "sampled_softmax" and config.mining.sampler == "unigram":
     raise ConfigError("loss.kind", "sampled_softmax's logQ correction of the positive is "
                       "implemented for the uniform sampler only")
@@ -83,12 +89,14 @@ def make_loss_spec(config, num_labels: int) -> LossSpec:
     head = tuple(float(h - tail) for h in head_arr)
   return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail),
                   scale=float(config.loss.scale), reduction=config.loss.reduction,
-                  k_prime=int(config.loss.k_prime))
+                  k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda))
 
 
 def make_sampler(config, num_labels: int, label_counts=None):
   """Returns (StratifiedSampler, stratum_cdf or None)."""
   m = config.mining
+  if m.sampler == "tree":
+    raise ValueError("the tree sampler is fitted to the data: use snm_jax.adversarial.training")
   if m.sampler == "full":
     # Every label once: K_pad / V rows per stratum, drawn as the identity.
     return StratifiedSampler(num_labels, num_samples=_full_samples(num_labels, m.num_strata),

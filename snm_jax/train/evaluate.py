@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
 from snm_jax import metrics
 from snm_jax.data.pipeline import SparseBatcher
 from snm_jax.mining.retrieval import make_top_k_retrieval
+from snm_jax.models.towers import l2_normalize
 from snm_jax.sharding import DATA, named
 from snm_jax.train.host import to_host
 
@@ -28,7 +30,8 @@ class Evaluator:
 
   def __init__(self, *, tower_apply: Callable, features, labels, mesh, num_labels: int,
                k: int, query_chunk: int, row_block: int, normalize_classes: bool,
-               max_nnz: int, max_labels: int, bias_fn=None, extra_fn=None):
+               max_nnz: int, max_labels: int, bias_fn=None, extra_fn=None,
+               with_loglik: bool = False):
     n_data = mesh.shape[DATA]
     # Never pad a small evaluation set up to a large chunk.
     chunk = -(-min(query_chunk, features.shape[0]) // n_data) * n_data
@@ -38,13 +41,29 @@ class Evaluator:
                                  max_nnz=max_nnz, max_labels=max_labels, shuffle=False,
                                  num_epochs=1, process_index=0, process_count=1)
     self.embed = jax.jit(tower_apply)
+    self.with_loglik = with_loglik
     self.retrieve = make_top_k_retrieval(mesh, k=k, num_labels=num_labels, row_block=row_block,
-                                         normalize_classes=normalize_classes, bias_fn=bias_fn)
+                                         normalize_classes=normalize_classes, bias_fn=bias_fn,
+                                         with_logsumexp=with_loglik)
     self._sharding = named(mesh, jax.P(DATA))
 
-  def predict(self, params, table) -> np.ndarray:
-    """(num_points, k) int predicted label ids, best first (-1 if K < k)."""
-    out = []
+    @jax.jit
+    def label_scores(q, table, labels, extra):
+      """Score (with the bias, if any) of one given label per query: (n,)."""
+      rows = jnp.take(table, jnp.maximum(labels, 0), axis=0)
+      rows = l2_normalize(rows) if normalize_classes else rows
+      s = jnp.sum(q * rows, axis=-1)
+      if bias_fn is not None:
+        s = s + jax.vmap(lambda e, y: bias_fn(e[None], y[None])[0, 0])(extra, jnp.maximum(labels, 0))
+      return s
+
+    self._label_scores = label_scores
+
+  def predict(self, params, table):
+    """Returns (pred (num_points, k) int ids best first, -1 if K < k;
+    log-likelihood (num_points,) of each point's first label, NaN without one,
+    or None unless `with_loglik`)."""
+    out, lls = [], []
     self.batcher.set_state({"epoch": 0, "position": 0})
     for batch in self.batcher:
       put = lambda x: jax.device_put(x, self._sharding)
@@ -52,9 +71,14 @@ class Evaluator:
       extra = None
       if self.extra_fn is not None:
         extra = put(self.extra_fn(batch["example_id"]))
-      _, ids = self.retrieve(q, table, extra)
-      out.append(to_host(ids)[batch["valid"]])
-    return np.concatenate(out)[:self.num_points]
+      res = self.retrieve(q, table, *(() if extra is None else (extra,)))
+      out.append(to_host(res[1])[batch["valid"]])
+      if self.with_loglik:
+        first = batch["label_set"][:, 0]
+        ll = to_host(self._label_scores(q, table, put(first), extra) - res[2])
+        lls.append(np.where(first >= 0, ll, np.nan)[batch["valid"]])
+    pred = np.concatenate(out)[:self.num_points]
+    return pred, (np.concatenate(lls)[:self.num_points] if self.with_loglik else None)
 
 
 def multilabel_metrics(pred: np.ndarray, labels: sp.csr_matrix, propensities, k_max: int) -> dict:

@@ -18,7 +18,9 @@ from absl import logging
 
 from snm_jax import metrics as snm_metrics
 from snm_jax import sharding
+from snm_jax.data.conversions import conversion_fn
 from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data_slice
+from snm_jax.mining.samplers import padded_num_labels
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train import builders
 from snm_jax.train.checkpointing import Checkpointer, abstract_like
@@ -92,6 +94,32 @@ def state_fingerprint(state) -> str:
   return h.hexdigest()
 
 
+def test_labels_first(labels) -> np.ndarray:
+  """Each point's first stored label, -1 for points without labels."""
+  labels = labels.tocsr()
+  first = np.full(labels.shape[0], -1, np.int64)
+  has = np.diff(labels.indptr) > 0
+  first[has] = labels.indices[labels.indptr[:-1][has]]
+  return first
+
+
+def _fit_tree(config, run_data):
+  """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion."""
+  from snm_jax.adversarial.training import fit_tree_sampler  # pylint: disable=g-import-not-at-top
+  if not 0 < config.adversarial.pca_dim <= run_data.num_features:
+    raise ConfigError("adversarial.pca_dim", f"{config.adversarial.pca_dim} must be in "
+                      f"[1, num_features={run_data.num_features}]")
+  rows, labels = conversion_fn(config.dataset.conversion, run_data.train.labels, config.seed)(0)
+  t0 = time.perf_counter()
+  sampler = fit_tree_sampler(run_data.train.features[rows], labels, run_data.num_labels,
+                             pca_dim=config.adversarial.pca_dim, reg=config.adversarial.node_reg,
+                             num_samples=config.mining.num_samples,
+                             max_reassign_iters=config.adversarial.max_reassign_iters)
+  logging.info("adversarial tree fitted on %d pairs, C=%d, in %.1fs", len(labels),
+               run_data.num_labels, time.perf_counter() - t0)
+  return sampler
+
+
 def _scalars(metrics_dev) -> dict:
   return {k: float(v) for k, v in jax.device_get(metrics_dev).items()}
 
@@ -118,7 +146,13 @@ def train_and_evaluate(config, workdir) -> dict:
 
   # ---- model, sampler, loss, optimisers, step ---------------------------------
   tower, dim = builders.make_tower(config, run_data.num_features)
-  sampler, cdf = builders.make_sampler(config, num_labels, run_data.label_counts)
+  table_rows = padded_num_labels(num_labels, config.mining.num_strata)
+  tree_sampler = None
+  if config.mining.sampler == "tree":
+    tree_sampler = _fit_tree(config, run_data)
+    sampler, cdf = tree_sampler, None
+  else:
+    sampler, cdf = builders.make_sampler(config, num_labels, run_data.label_counts)
   loss_spec = builders.make_loss_spec(config, num_labels)
   tx = builders.make_tower_optimizer(config)
   row_opt = builders.make_row_optimizer(config)
@@ -127,7 +161,7 @@ def train_and_evaluate(config, workdir) -> dict:
   train_step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt, table_lr=table_lr,
                                sampler=sampler, loss=loss_spec, mesh=mesh,
                                normalize_classes=config.model.normalize_classes,
-                               stratum_cdf=cdf_dev)
+                               stratum_cdf=cdf_dev, table_rows=table_rows)
 
   # ---- input pipeline -------------------------------------------------------
   # This process's block of the global batch under the mesh (not jax.process_index():
@@ -141,7 +175,7 @@ def train_and_evaluate(config, workdir) -> dict:
   max_nnz = batcher.max_nnz
 
   # ---- state (created sharded) and restore ---------------------------------------
-  state = create_state(config, tower, run_data.num_features, sampler.padded_labels, dim, tx,
+  state = create_state(config, tower, run_data.num_features, table_rows, dim, tx,
                        row_opt, mesh, max_nnz)
   logging.info("state created: table %s (%s) on mesh %s", state.table.shape, state.table.dtype,
                dict(mesh.shape))
@@ -154,9 +188,19 @@ def train_and_evaluate(config, workdir) -> dict:
   writer = MetricWriter(workdir, config.train.num_steps, config.train.batch_size)
   writer.write_json("config.json", json.loads(config.to_json_best_effort()))
 
+  debias = tree_sampler is not None and config.adversarial.debias_eval and \
+      config.loss.kind == "adversarial_ns"
+  eval_features = run_data.test.features[:config.eval.max_examples or None]
+  if debias:  # Eq. 5: score_y(x) = xi_y(x) + log p_n(y|x), block by block inside the top-k scan.
+    x_proj_test = np.asarray(tree_sampler.project_sparse_host(eval_features))
+    extra_fn = lambda rows: x_proj_test[np.maximum(rows, 0)]  # pylint: disable=unnecessary-lambda-assignment
+    bias_fn = tree_sampler.log_prob_block
+  else:
+    extra_fn = bias_fn = None
   evaluator = Evaluator(
+      bias_fn=bias_fn, extra_fn=extra_fn, with_loglik=config.eval.log_likelihood,
       tower_apply=tower.apply,
-      features=run_data.test.features[:config.eval.max_examples or None],
+      features=eval_features,
       labels=run_data.test.labels[:config.eval.max_examples or None], mesh=mesh,
       num_labels=num_labels, k=max(config.eval.k_max, min(config.eval.recall_r, num_labels)),
       query_chunk=config.eval.query_chunk, row_block=config.eval.row_block,
@@ -168,10 +212,13 @@ def train_and_evaluate(config, workdir) -> dict:
 
   def evaluate(state) -> dict:
     t0 = time.perf_counter()
-    pred = evaluator.predict(state.params, state.table)
+    pred, loglik = evaluator.predict(state.params, state.table)
     test_labels = evaluator.batcher.labels
     out = multilabel_metrics(pred, test_labels, propensities, config.eval.k_max)
     out.update(retrieval_metrics(pred, test_labels, run_data.label_counts, config.eval.recall_r))
+    if loglik is not None:  # Bamler & Mandt's predictive log-likelihood of the first label
+      out["log_likelihood"] = float(np.nanmean(loglik))
+      out["accuracy"] = float(np.mean(pred[:, 0] == test_labels_first(test_labels)))
     if run_data.synthetic is not None:
       raw = run_data.synthetic.test.features[:evaluator.num_points]
       bayes, _ = run_data.synthetic.bayes_topk(raw, config.eval.k_max)

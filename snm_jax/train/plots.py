@@ -47,8 +47,17 @@ def train_only_curve(result: dict, metric: str):
   return steps, secs, vals
 
 
-def _save(fig, path) -> Path:
-  fig.tight_layout()
+def _save(fig, path, legend_ax=None) -> Path:
+  """Saves; with `legend_ax`, its legend goes in one row band under the panels."""
+  if legend_ax is None:
+    fig.tight_layout()
+  else:
+    handles, labels = legend_ax.get_legend_handles_labels()
+    ncol = min(len(labels), 4)
+    rows = -(-len(labels) // ncol)
+    band = (0.06 + 0.045 * rows) * 4.4 / fig.get_figheight()
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, band, 1, 1))
   path = Path(path)
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -104,9 +113,8 @@ def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = 
   for ax in axes:
     ax.set_ylabel(f"test {metric}")
     ax.grid(alpha=0.3)
-  axes[1].legend(fontsize=8, loc="lower right")
   fig.suptitle(_wrap(title or f"learning curves ({metric})", 110))
-  return _save(fig, path)
+  return _save(fig, path, legend_ax=axes[0])
 
 
 def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
@@ -131,10 +139,9 @@ def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
     ax.set_title("all test pairs" if sub == "all" else f"{sub.capitalize()} labels")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3, which="both")
-  axes[0][0].legend(fontsize=8, loc="upper left")
   if title:
     fig.suptitle(_wrap(title, 120))
-  return _save(fig, path)
+  return _save(fig, path, legend_ax=axes[0][0])
 
 
 def plot_grouped_bars(values: dict, path, ylabel: str, title: str = "",

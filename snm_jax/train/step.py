@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from snm_jax.mining import sharded_losses
-from snm_jax.mining.samplers import StratifiedSampler
+from snm_jax.mining.samplers import StratifiedSampler, uniform_log_expected_count
 from snm_jax.models.towers import l2_normalize
 from snm_jax.sharding import DATA, MODEL
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
@@ -52,7 +52,8 @@ class LossSpec:
   """Static description of the per-example loss.
 
   kind: "bowl" | "powl" (SNM with weights vartheta) | "sampled_softmax" |
-    "full_softmax" | "logistic_ns" (Bamler & Mandt Eq. 2).
+    "full_softmax" | "logistic_ns" (Bamler & Mandt Eq. 2) | "adversarial_ns"
+    (their Eq. 6, with regulariser weight `lam`; needs the tree sampler) | "nce".
   head_minus_tail, tail: vartheta split as head (first k) + constant tail.
   phi: margin surrogate (callable).
   scale: scores are multiplied by it before the loss (a softmax temperature).
@@ -65,6 +66,7 @@ class LossSpec:
   scale: float = 1.0
   reduction: str = "mean"
   k_prime: int = 0
+  lam: float = 0.0
 
 
 def _avg_top_k(values, mask, k):
@@ -76,7 +78,8 @@ def _avg_top_k(values, mask, k):
 def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     row_opt: RowOptimizer, table_lr: Callable, sampler: StratifiedSampler,
                     loss: LossSpec, mesh, normalize_classes: bool,
-                    stratum_cdf: jax.Array | None = None, donate: bool = True):
+                    stratum_cdf: jax.Array | None = None, donate: bool = True,
+                    table_rows: int | None = None):
   """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
 
   batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
@@ -85,15 +88,25 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   """
   num_model = mesh.shape[MODEL]
   num_labels = sampler.num_labels
-  if sampler.num_strata % num_model:
-    raise ValueError(f"mining.num_strata={sampler.num_strata} must be a multiple of the "
-                     f"mesh's model size {num_model}")
-  strata_per_shard = sampler.num_strata // num_model
+  table_rows = table_rows or sampler.padded_labels
+  # Stratified samplers draw on each model shard from its own rows; a "global"
+  # sampler (the adversarial tree) draws label ids for every example outside
+  # the shard_map, and each shard then scores only the draws it owns.
+  stratified = getattr(sampler, "stratified", True)
+  if stratified:
+    if sampler.num_strata % num_model:
+      raise ValueError(f"mining.num_strata={sampler.num_strata} must be a multiple of the "
+                       f"mesh's model size {num_model}")
+    strata_per_shard = sampler.num_strata // num_model
   per_example = sampler.per_example
   has_cdf = stratum_cdf is not None
 
-  ids_spec = P(DATA, MODEL) if per_example else P(MODEL)
-  rows_spec = P(DATA, MODEL, None) if per_example else P(MODEL, None)
+  if not stratified:  # ids (N, S) replicated over model; rows/ownership per shard
+    ids_spec, rows_spec = P(DATA, None), P(MODEL, DATA, None, None)
+  elif per_example:
+    ids_spec, rows_spec = P(DATA, MODEL), P(DATA, MODEL, None)
+  else:
+    ids_spec, rows_spec = P(MODEL), P(MODEL, None)
 
   # ---- 1. sample + gather ---------------------------------------------------
   def sample_gather(table_l, labels_l, example_ids_l, key, *cdf_l):
@@ -113,22 +126,47 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       sample_gather, mesh=mesh, in_specs=in_specs,
       out_specs=(ids_spec, ids_spec, rows_spec, P(MODEL, DATA, None), P(MODEL, DATA)))
 
+  def gather_owned(table_l, labels_l, ids_l):
+    """Global-sampler variant: rows of the drawn ids this shard owns (zeros elsewhere)."""
+    j = jax.lax.axis_index(MODEL)
+    k_loc = table_l.shape[0]
+    local = ids_l - j * k_loc
+    mine = (local >= 0) & (local < k_loc)
+    rows = jnp.where(mine[..., None], jnp.take(table_l, jnp.clip(local, 0, k_loc - 1), axis=0), 0.0)
+    owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
+    pos_rows = jnp.take(table_l, jnp.clip(labels_l - j * k_loc, 0, k_loc - 1), axis=0)
+    pos_rows = jnp.where(owned[:, None], pos_rows, 0.0)
+    return rows[None], pos_rows[None], owned[None]
+
+  gather_owned_sm = jax.shard_map(
+      gather_owned, mesh=mesh, in_specs=(P(MODEL, None), P(DATA), P(DATA, None)),
+      out_specs=(rows_spec, P(MODEL, DATA, None), P(MODEL, DATA)))
+
   # ---- 2. mined loss --------------------------------------------------------
   def class_rows(rows):
     return l2_normalize(rows) if normalize_classes else rows
 
-  def mined_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l):
+  def mined_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l):
     pos = jax.lax.psum(jnp.sum(q_l * class_rows(pos_rows_l[0]), axis=-1), MODEL)
-    rows = class_rows(rows_l)
-    if per_example:
+    if not stratified:
+      j = jax.lax.axis_index(MODEL)
+      rows = class_rows(rows_l[0])
       scores = jnp.einsum("nh,nsh->ns", q_l, rows)
       ids, log_q = ids_l, log_q_l
+      # A draw belongs to the shard whose row range holds it.
+      rows_per_shard = table_rows // num_model
+      mine = (ids >= j * rows_per_shard) & (ids < (j + 1) * rows_per_shard)
+    elif per_example:
+      scores = jnp.einsum("nh,nsh->ns", q_l, class_rows(rows_l))
+      ids, log_q = ids_l, log_q_l
+      mine = True
     else:
-      scores = q_l @ rows.T
+      scores = q_l @ class_rows(rows_l).T
       ids = jnp.broadcast_to(ids_l[None], scores.shape)
       log_q = jnp.broadcast_to(log_q_l[None], scores.shape)
+      mine = True
     hit = jnp.any(ids[:, :, None] == label_set_l[:, None, :], axis=-1)
-    valid = (ids < num_labels) & ~hit
+    valid = (ids < num_labels) & ~hit & mine
     pos, scores = loss.scale * pos, loss.scale * scores
     hardest = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(jnp.where(valid, scores, -jnp.inf), -1)), MODEL)
     if loss.kind in ("bowl", "powl"):
@@ -136,12 +174,18 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
           pos, scores, valid, head_minus_tail=np.asarray(loss.head_minus_tail, np.float32),
           tail=loss.tail, phi=loss.phi, kind=loss.kind, axis_name=MODEL)
     elif loss.kind == "sampled_softmax":
-      per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, log_q, axis_name=MODEL)
+      per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, log_q, log_q_pos=log_q_pos_l,
+                                                   axis_name=MODEL)
     elif loss.kind == "full_softmax":
       per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, jnp.zeros_like(scores),
                                                    axis_name=MODEL)
     elif loss.kind == "logistic_ns":
       per_ex = sharded_losses.logistic_negative_sampling_loss(pos, scores, valid, axis_name=MODEL)
+    elif loss.kind == "adversarial_ns":
+      per_ex = sharded_losses.adversarial_ns_loss(pos, scores, valid, log_q, log_q_pos_l, lam=loss.lam,
+                                                  num_samples=sampler.num_samples, axis_name=MODEL)
+    elif loss.kind == "nce":
+      per_ex = sharded_losses.nce_loss(pos, scores, valid, log_q, log_q_pos_l, axis_name=MODEL)
     else:
       raise ValueError(f"unknown loss kind {loss.kind!r}")
     n_valid = jax.lax.psum(jnp.sum(valid, axis=-1), MODEL)
@@ -149,7 +193,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
 
   mined_loss_sm = jax.shard_map(
       mined_loss, mesh=mesh,
-      in_specs=(P(DATA, None), rows_spec, P(MODEL, DATA, None), ids_spec, ids_spec, P(DATA, None)),
+      in_specs=(P(DATA, None), rows_spec, P(MODEL, DATA, None), ids_spec, ids_spec, P(DATA, None),
+                P(DATA)),
       out_specs=(P(DATA), P(DATA), P(DATA), P(DATA)))
 
   # ---- 3. shard-local sparse table update -------------------------------------
@@ -157,13 +202,16 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     j = jax.lax.axis_index(MODEL)
     k_loc = table_l.shape[0]
     h = table_l.shape[1]
+    if not stratified:
+      row_grads_l = row_grads_l[0]
     if per_example:  # every data shard drew its own examples' negatives
       ids_l = jax.lax.all_gather(ids_l, DATA, tiled=True)
       row_grads_l = jax.lax.all_gather(row_grads_l, DATA, tiled=True)
     pos_grads = jax.lax.all_gather(pos_grads_l[0], DATA, tiled=True)
     owned = jax.lax.all_gather(owned_l[0], DATA, tiled=True)
     labels = jax.lax.all_gather(labels_l, DATA, tiled=True)
-    neg_ids = jnp.where(ids_l < num_labels, ids_l - j * k_loc, k_loc).reshape(-1)
+    local = ids_l - j * k_loc
+    neg_ids = jnp.where((ids_l < num_labels) & (local >= 0) & (local < k_loc), local, k_loc).reshape(-1)
     pos_ids = jnp.where(owned, labels - j * k_loc, k_loc)
     row_ids = jnp.concatenate([neg_ids, pos_ids])
     grads = jnp.concatenate([row_grads_l.reshape(-1, h), pos_grads])
@@ -188,13 +236,20 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     return jnp.sum(per_ex * w) / jnp.maximum(jnp.sum(w), 1.0)
 
   def train_step(state: TrainState, batch, rng):
-    cdf_args = (stratum_cdf,) if has_cdf else ()
-    ids, log_q, rows, pos_rows, owned = sample_gather_sm(
-        state.table, batch["label"], batch["example_id"], rng, *cdf_args)
+    if stratified:
+      cdf_args = (stratum_cdf,) if has_cdf else ()
+      ids, log_q, rows, pos_rows, owned = sample_gather_sm(
+          state.table, batch["label"], batch["example_id"], rng, *cdf_args)
+      log_q_pos = (jnp.zeros(batch["label"].shape, jnp.float32) if has_cdf or sampler.full
+                   else uniform_log_expected_count(sampler, batch["label"]))
+    else:
+      ids, log_q, log_q_pos = sampler.draw(rng, batch["feat_ids"], batch["feat_vals"], batch["label"])
+      rows, pos_rows, owned = gather_owned_sm(state.table, batch["label"], ids)
 
     def loss_fn(params, rows, pos_rows):
       q = tower_apply(params, batch["feat_ids"], batch["feat_vals"])
-      per_ex, pos, hardest, n_valid = mined_loss_sm(q, rows, pos_rows, ids, log_q, batch["label_set"])
+      per_ex, pos, hardest, n_valid = mined_loss_sm(q, rows, pos_rows, ids, log_q, batch["label_set"],
+                                                    log_q_pos)
       per_ex = jnp.where(batch["valid"], per_ex, 0.0)
       return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid)
 

@@ -1,0 +1,77 @@
+"""The tree sampler inside the trainer: projection of padded sparse batches, and
+draws of negatives with their log p_n, behind the interface `train.step` uses
+for non-stratified ("global") samplers."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from snm_jax.adversarial import tree as tree_lib
+from snm_jax.adversarial.fit import fit_tree
+from snm_jax.adversarial.projection import fit_projection, project
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["tree"],
+                   meta_fields=["num_samples"])
+@dataclasses.dataclass(frozen=True)
+class TreeTrainingSampler:
+  """Draws `num_samples` negatives per example from p_n(.|x) (per-example, not stratified).
+
+  The tree's PCA projection is applied to the padded sparse rows on device:
+  x_proj = sum_i v_i C[:, id_i] - C mean, O(nnz k) per example.
+  """
+  tree: tree_lib.ProbabilisticTree
+  num_samples: int
+  per_example = True
+  stratified = False
+
+  @property
+  def num_labels(self) -> int:
+    return self.tree.num_labels
+
+  @property
+  def padded_labels(self) -> int:  # the table needs no padding for this sampler
+    return self.num_labels
+
+  def project_sparse(self, feat_ids_NxZ, feat_vals_NxZ):
+    """(N, nnz) padded sparse rows -> (N, k) projected features."""
+    comps_dxk = jnp.asarray(self.tree.proj_components_kxd).T
+    x = jnp.einsum("nz,nzk->nk", feat_vals_NxZ, comps_dxk[feat_ids_NxZ])
+    return x - jnp.asarray(self.tree.proj_mean_d) @ comps_dxk
+
+  def project_sparse_host(self, features) -> np.ndarray:
+    """Host-side projection of a CSR/dense feature matrix (N, d) -> (N, k)."""
+    comps = np.asarray(self.tree.proj_components_kxd)
+    return project(features, (np.asarray(self.tree.proj_mean_d), comps))
+
+  def draw(self, key, feat_ids, feat_vals, labels_N):
+    """Returns (ids (N, S), log_q (N, S), log_q_pos (N,)).
+
+    As for every sampler of the trainer, log_q is the log *expected count* of
+    a label among the example's S draws, log(S p_n(y|x)) here, for draws and
+    positives alike (the sampled-softmax / NCE convention); Eq. 6 subtracts log S.
+    """
+    x = self.project_sparse(feat_ids, feat_vals)
+    ids, log_p = tree_lib.sample_with_log_prob(self.tree, x, key, self.num_samples)
+    log_p_pos = tree_lib.log_prob(self.tree, x, labels_N[:, None])[:, 0]
+    log_s = jnp.log(float(self.num_samples))
+    return ids, log_p + log_s, log_p_pos + log_s
+
+  def log_prob_block(self, x_proj_NxK, label_ids_R):
+    """log p_n(y|x) for a contiguous block of label ids (N, R): the Eq. 5 bias at evaluation."""
+    return tree_lib.log_prob_chunk(self.tree, x_proj_NxK, label_ids_R[0], label_ids_R.shape[0])
+
+
+def fit_tree_sampler(features, labels_N, num_labels: int, *, pca_dim: int, reg: float,
+                     num_samples: int, max_reassign_iters: int = 10) -> TreeTrainingSampler:
+  """PCA-`pca_dim` projection + greedy tree fit on (feature row, label) training pairs."""
+  projection = fit_projection(features, pca_dim)
+  x = project(features, projection)
+  tree, _ = fit_tree(x, np.asarray(labels_N), num_labels, reg=reg,
+                     max_reassign_iters=max_reassign_iters, projection=projection)
+  return TreeTrainingSampler(tree=tree, num_samples=num_samples)
