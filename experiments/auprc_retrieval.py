@@ -35,10 +35,14 @@ from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.losses import cosine_contrastive_loss
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "auprc_retrieval.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "Path to a get_config() file[:variant].",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (per-run results, tables).")
+
+
+def _define_flags():
+  """Flags exist only when this file runs as a program: tests import its functions
+  next to other absl apps, whose flags of the same names would collide."""
+  config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Path to a get_config() file[:variant].",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run directory (per-run results, tables).")
 
 METHODS = ("soprc", "soprc_sg", "soprc_sg_var", "ap_loss", "smooth_ap", "triplet",
            "contrastive")
@@ -416,12 +420,13 @@ def train_and_evaluate(config, workdir):
 
 def main(argv):
   del argv
-  if not _WORKDIR.value:
+  if not flags.FLAGS.workdir:
     raise app.UsageError("--workdir is required")
-  results = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  results = train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
   print(markdown_table(results))
   print(f"total {results['runtime_s']:.1f}s")
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

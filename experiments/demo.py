@@ -16,7 +16,7 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from experiments.configs import default
-from snm_jax.train import loop, quiet_logs
+from snm_jax.train import quiet_logs, runs
 from snm_jax.train.plots import plot_learning_curves
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/snm_jax_demo", "Output folder.")
@@ -43,17 +43,6 @@ def method_config(overrides):
   return c
 
 
-def run_method(name, overrides, workdir: Path) -> dict:
-  done = workdir / "results.json"
-  if done.exists():
-    print(f"[{name}] reusing {done}", flush=True)
-    return json.loads(done.read_text())
-  print(f"[{name}] training -> {workdir}", flush=True)
-  out = loop.train_and_evaluate(method_config(overrides), workdir)
-  out.pop("state")
-  return out
-
-
 def table(results: dict) -> str:
   base = results["negative sampling"]["final"]
   head = "| method | " + " | ".join(METRICS) + " | s/step |"
@@ -72,7 +61,8 @@ def main(argv):
   root.mkdir(parents=True, exist_ok=True)
   results = {}
   for name, overrides in METHODS.items():
-    results[name] = run_method(name, overrides, root / name.replace(" ", "_").replace("-", ""))
+    results[name] = runs.run_or_load(method_config(overrides),
+                                     root / name.replace(" ", "_").replace("-", ""), name)
   dataset = next(iter(results.values()))["dataset"]
   md = (f"Dataset: {dataset}. Each cell: value (ratio to negative sampling).\n\n" + table(results) + "\n")
   (root / "demo_table.md").write_text(md)

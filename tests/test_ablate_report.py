@@ -193,3 +193,24 @@ def test_steady_cost_and_class_accuracy_formulas():
   final = {"recall@r": [0.6], "recall@r/head": [1.0], "recall@r/torso": [0.5],
            "recall@r/tail": [0.2], "num_pairs/head": 30, "num_pairs/torso": 10}
   assert report.class_accuracy(final) == pytest.approx({"all": 0.6, "head": 0.875, "tail": 0.2})
+
+
+SHIPPED = ["table2_bibtex.py", "table2_bibtex.py:b16", "table2_delicious.py", "vartheta.py",
+           "owl_phi.py", "s2m_table4.py", "s2m_table4.py:synthetic", "digits_s2m.py",
+           "num_samples.py", "synthetic_bayes.py"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_sweeps_build_valid_configs(name):
+  from snm_jax.train import builders  # pylint: disable=g-import-not-at-top
+  sweep = ablate.resolve(spec.load_sweep(f"experiments/sweeps/{name}"))
+  assert len(sweep.points) >= 2 and sweep.seeds
+  for point in sweep.points:
+    c = ablate.run_config(sweep, point, sweep.seeds[-1])
+    for field, value in point.overrides.items():
+      section, leaf = field.split(".")
+      assert c[section][leaf] == value
+    num_labels = {"bibtex": 159, "delicious": 983, "digits_head_tail": 10}.get(
+        c.dataset.name, c.dataset.synthetic.num_labels)
+    builders.validate(c, num_labels)
+    assert c.seed == sweep.seeds[-1]

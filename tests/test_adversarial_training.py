@@ -50,7 +50,7 @@ def _run(mesh_shape, kind, steps=3):
   return np.asarray(state.table), losses
 
 
-@pytest.mark.parametrize("kind", ["adversarial_ns", "nce", "bowl"])
+@pytest.mark.parametrize("kind", ["adversarial_ns"])
 def test_tree_sampled_step_sharded_equals_single_device(kind):
   t1, l1 = _run((1, 1), kind)
   t8, l8 = _run((2, 4), kind)

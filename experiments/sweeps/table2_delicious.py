@@ -24,8 +24,8 @@ def get_sweep(arg: str = "") -> Sweep:
           Point("k256", {"mining.k": 256}, "SNM top-256"),
           Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling"),
       ),
-      seeds=(0,),
+      seeds=(0, 1),
       baseline="ns",
       notes=("Delicious (K = 983): B = 512 uniform shared negatives, BOWL with the hinge phi, "
-             "256-wide tower, batch 128, 300 steps (~3 epochs of 12,920 points), one seed (Delicious steps cost ~0.2 s here)."),
+             "256-wide tower, batch 128, 300 steps (~3 epochs of 12,920 points)."),
   )

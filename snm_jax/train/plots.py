@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-t
 import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
 
 SUBPOPULATIONS = ("all", "head", "torso", "tail")
+_STYLES = ("-", "--", ":")  # Past the 10 colours of the default cycle.
 
 
 def curve(result: dict, metric: str):
@@ -100,14 +101,16 @@ def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = 
       share their evaluation steps.
   """
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
-  for label, seeds in runs.items():
+  for j, (label, seeds) in enumerate(runs.items()):
     curves = [train_only_curve(r, metric) for r in seeds]
     n = min(len(c[0]) for c in curves)
     steps = curves[0][0][:n]
     vals = [c[2][:n] for c in curves]
     secs = np.mean([c[1][:n] for c in curves], axis=0)
-    line = _band(axes[0], steps, vals, label, marker="o", markersize=3)
-    _band(axes[1], secs, vals, label, marker="o", markersize=3, color=line.get_color())
+    style = _STYLES[j // 10 % 3]
+    line = _band(axes[0], steps, vals, label, marker="o", markersize=3, linestyle=style)
+    _band(axes[1], secs, vals, label, marker="o", markersize=3, color=line.get_color(),
+          linestyle=style)
   axes[0].set_xlabel("training step")
   axes[1].set_xlabel("training time (s, wall clock, evaluation excluded; mean over seeds)")
   for ax in axes:
@@ -126,14 +129,14 @@ def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
   present = [s for s in SUBPOPULATIONS if any(s in c for c in curves.values())]
   fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 4.2), squeeze=False)
   for ax, sub in zip(axes[0], present):
-    for label, by_sub in curves.items():
+    for j, (label, by_sub) in enumerate(curves.items()):
       if sub in by_sub:
         ys = np.asarray(by_sub[sub], np.float64)
-        _band(ax, np.arange(1, ys.shape[1] + 1), ys, label)
+        _band(ax, np.arange(1, ys.shape[1] + 1), ys, label, linestyle=_STYLES[j // 10 % 3])
     r_max = max(np.asarray(c[sub]).shape[-1] for c in curves.values() if sub in c)
     if r_max >= 20:
       ax.set_xscale("log")
-      ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+      ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("r (number of retrieved labels)")
     ax.set_ylabel("recall@r")
     ax.set_title("all test pairs" if sub == "all" else f"{sub.capitalize()} labels")
@@ -185,14 +188,13 @@ def plot_grouped_bars(values: dict, path, ylabel: str, title: str = "",
   else:
     ax.set_xticks(np.arange(len(groups)))
     ax.set_xticklabels(groups)
-    ax.legend(fontsize=8, ncol=min(4, len(labels)), loc="best")
   ax.set_ylabel(ylabel)
   if log:
     ax.set_yscale("log")
   ax.grid(alpha=0.3, axis="y")
   if title:
     fig.suptitle(_wrap(title), fontsize=11)
-  return _save(fig, path)
+  return _save(fig, path, legend_ax=None if single else ax)
 
 
 def _wrap(title: str, width: int = 80) -> str:

@@ -1,0 +1,21 @@
+"""Running several configurations into sub-workdirs, reusing finished ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from snm_jax.train import loop
+
+
+def run_or_load(config, workdir, name: str = "") -> dict:
+  """results.json of `workdir` if the run finished, else trains (resuming) and returns it."""
+  workdir = Path(workdir)
+  done = workdir / "results.json"
+  if done.exists():
+    print(f"[{name or workdir.name}] reusing {done}", flush=True)
+    return json.loads(done.read_text())
+  print(f"[{name or workdir.name}] training -> {workdir}", flush=True)
+  out = loop.train_and_evaluate(config, workdir)
+  out.pop("state", None)
+  return out
