@@ -166,6 +166,16 @@ def apply_runlocal(c):
   return c
 
 
+def finish(c, kv: dict):
+  """Common tail of a config-string variant: `runlocal=1`, no unknown keys left, lock."""
+  if kv.pop("runlocal", "0") == "1":
+    apply_runlocal(c)
+  if kv:
+    raise ValueError(f"unknown config arguments {sorted(kv)}")
+  c.lock()
+  return c
+
+
 def parse_arg(arg: str) -> tuple[str, dict]:
   """'name,key=value,...' -> (name, {key: value}) for config-string variants."""
   name, *pairs = [p for p in arg.split(",")] if arg else [""]

@@ -15,9 +15,4 @@ def get_config(arg: str = ""):
   c.loss.kind = "full_softmax"
   c.loss.scale = 10.0
   c.mining.sampler = "full"
-  if kv.pop("runlocal", "0") == "1":
-    common.apply_runlocal(c)
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
-  c.lock()
-  return c
+  return common.finish(c, kv)

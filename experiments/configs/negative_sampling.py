@@ -12,9 +12,4 @@ def get_config(arg: str = ""):
   c = snm.configure_dataset(common.base_config(), variant)
   c.mining.vartheta = "negative_sampling"
   c.mining.k = 1
-  if kv.pop("runlocal", "0") == "1":
-    common.apply_runlocal(c)
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
-  c.lock()
-  return c
+  return common.finish(c, kv)

@@ -25,9 +25,4 @@ def get_config(arg: str = ""):
   c.mining.vartheta = "top_k"
   c.loss.reduction = "s2m"
   c.loss.phi = "logistic"
-  if kv.pop("runlocal", "0") == "1":
-    common.apply_runlocal(c)
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
-  c.lock()
-  return c
+  return common.finish(c, kv)

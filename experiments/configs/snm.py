@@ -48,9 +48,4 @@ def get_config(arg: str = ""):
   c.mining.vartheta = "top_k"
   c.mining.k = int(kv.pop("k", 16))
   c.loss.kind = kv.pop("kind", "bowl")
-  if kv.pop("runlocal", "0") == "1":
-    common.apply_runlocal(c)
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
-  c.lock()
-  return c
+  return common.finish(c, kv)
