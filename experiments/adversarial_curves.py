@@ -48,10 +48,12 @@ def main(argv):
   for metric in ("accuracy", "log_likelihood"):
     plot_learning_curves(results, metric, out_dir / f"{metric}_vs_seconds.png",
                          title=f"Adversarial vs baseline negative sampling ({_DATASET.value})")
-  lines = ["| method | accuracy | log-likelihood | s/step |", "|---|---|---|---|"]
+  lines = ["| method | accuracy | log-likelihood | s/step | tree fit (s) |", "|---|---|---|---|---|"]
   for method, res in results.items():
     f = res["final"]
-    lines.append(f"| {method} | {f['accuracy']:.4f} | {f['log_likelihood']:.3f} | {res['seconds_per_step']:.4f} |")
+    fit = res.get("tree_fit_seconds")
+    lines.append(f"| {method} | {f['accuracy']:.4f} | {f['log_likelihood']:.3f} | "
+                 f"{res['seconds_per_step']:.4f} | {'n/a' if fit is None else f'{fit:.1f}'} |")
   (out_dir / "final.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
 
