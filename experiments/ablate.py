@@ -22,6 +22,7 @@ lines as independent jobs; the report reads their results the same way.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import json
 import shlex
@@ -33,6 +34,7 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from experiments.sweeps.spec import Point, Sweep, apply_overrides, load_config, load_sweep
+from snm_jax.errors import ConfigError, SnmJaxError
 
 _CONFIG = flags.DEFINE_string("config", None, "Base config path[:arg]; default: the sweep's own.")
 _SWEEP = flags.DEFINE_string("sweep", None, "experiments/sweeps/<name>.py[:arg].")
@@ -83,10 +85,15 @@ def resolve(sweep: Sweep, config_arg: str | None = None, seeds: int | None = Non
       base_overrides={**sweep.base_overrides, **(extra or {})})
 
 
-def run_config(sweep: Sweep, point: Point, seed: int):
-  """The locked ConfigDict of one run (errors name the offending field)."""
+def run_config(sweep: Sweep, point: Point, seed: int, base=None):
+  """The locked ConfigDict of one run (errors name the offending field).
+
+  `base`: the sweep's base config, loaded once so that every run of a long
+  sweep sees the same config code even if the files change meanwhile.
+  """
+  config = copy.deepcopy(base) if base is not None else load_config(sweep.config)
   # The config stays locked: an override of an unknown field fails.
-  return apply_overrides(load_config(sweep.config), sweep.run_overrides(point, seed))
+  return apply_overrides(config, sweep.run_overrides(point, seed))
 
 
 def _flag_value(value) -> str:
@@ -114,22 +121,40 @@ def run_status(rundir: Path) -> str:
 
 
 def write_sweep_json(sweep: Sweep, workdir) -> None:
+  """Records the sweep for the report, keeping points of earlier --only/--seeds calls."""
   root = Path(workdir)
   root.mkdir(parents=True, exist_ok=True)
-  (root / "sweep.json").write_text(json.dumps(sweep.to_json(), indent=2, default=str))
+  path = root / "sweep.json"
+  if path.exists():
+    old = Sweep.from_json(json.loads(path.read_text()))
+    if old.name == sweep.name:
+      mine = {p.name for p in sweep.points}
+      order = [p.name for p in old.points] + [p.name for p in sweep.points if p.name not in
+                                               {q.name for q in old.points}]
+      by_name = {**{p.name: p for p in old.points}, **{p.name: p for p in sweep.points}}
+      sweep = dataclasses.replace(
+          sweep, points=tuple(by_name[n] for n in order),
+          seeds=tuple(sorted(set(old.seeds) | set(sweep.seeds))),
+          baseline=sweep.baseline or (old.baseline if old.baseline not in mine else None))
+  path.write_text(json.dumps(sweep.to_json(), indent=2, default=str))
 
 
-def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False) -> dict:
-  """Trains (or resumes) one run; returns its results.json dict or {'error': ...}."""
-  from snm_jax.errors import SnmJaxError  # pylint: disable=g-import-not-at-top
+def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False,
+            base=None) -> dict:
+  """Trains (or resumes) one run; returns its results.json dict or {'error': ...}.
+
+  A bad config raises (the sweep itself is wrong); any other library error
+  (e.g. a non-finite loss) is recorded in failed.json and the sweep goes on.
+  """
+  # JAX is imported only where runs train, so that --print_commands stays instant.
   from snm_jax.train import loop  # pylint: disable=g-import-not-at-top
   rundir = run_dir(workdir, point, seed)
-  config = run_config(sweep, point, seed)
+  config = run_config(sweep, point, seed, base)
   try:
     out = loop.train_and_evaluate(config, rundir)
+  except ConfigError:
+    raise
   except SnmJaxError as e:
-    if "config." in str(e) and not rundir.exists():
-      raise
     rundir.mkdir(parents=True, exist_ok=True)
     (rundir / "failed.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}))
     logging.error("run %s/seed%d failed: %s", point.name, seed, e)
@@ -162,6 +187,7 @@ def run_sweep(sweep: Sweep, workdir, retry_failed: bool = False, clean: bool = F
               log=print) -> dict:
   """Runs every unfinished point x seed in order. Returns {status: count}."""
   write_sweep_json(sweep, workdir)
+  base = load_config(sweep.config)
   counts = {"skipped": 0, "ran": 0, "failed": 0}
   runs = [(p, s) for p in sweep.points for s in sweep.seeds]
   for i, (point, seed) in enumerate(runs):
@@ -175,7 +201,7 @@ def run_sweep(sweep: Sweep, workdir, retry_failed: bool = False, clean: bool = F
       (rundir / "failed.json").unlink()
     log(f"[{i + 1}/{len(runs)}] {point.name} seed {seed} -> {rundir}")
     t0 = time.time()
-    out = run_one(sweep, point, seed, workdir, clean)
+    out = run_one(sweep, point, seed, workdir, clean, base)
     if "error" in out:
       counts["failed"] += 1
       log(f"    FAILED: {out['error']}")

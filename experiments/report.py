@@ -104,16 +104,16 @@ def ratios(runs: dict, point: str, baseline: str, metric: str) -> list[float]:
 def steady_seconds_per_step(res: dict) -> float:
   """Training seconds per step after the first evaluation point.
 
-  results.json's seconds_per_step divides all training time, compilation and
-  periodic evaluations included, by the steps; here both are removed: the
-  interval from the first history point (compilation behind it) to the end,
-  minus the later evaluations, over its steps. Falls back to
+  results.json's seconds_per_step divides all training time, compilation
+  included, by the steps; here the interval from the first history point
+  (compilation behind it) to the end is used, minus the evaluations in it for
+  runs whose clock included them (`plots.excludes_eval`). Falls back to
   seconds_per_step without history.
   """
   hist = res.get("history", [])
   if not hist or res["steps"] <= hist[0]["step"]:
     return res["seconds_per_step"]
-  evals = sum(h.get("eval_seconds", 0.0) for h in hist[1:])
+  evals = 0.0 if plots.excludes_eval(res) else sum(h.get("eval_seconds", 0.0) for h in hist[1:])
   return (res["train_seconds_this_run"] - hist[0]["train_seconds"] - evals) / (
       res["steps"] - hist[0]["step"])
 
@@ -159,7 +159,7 @@ def _recall(runs, point, sub):
 def _default_config(sweep_arg: str) -> str | None:
   try:
     return load_sweep(sweep_arg).config
-  except (FileNotFoundError, ValueError):
+  except (FileNotFoundError, ValueError, SyntaxError, ImportError):  # Renamed or edited since.
     return None
 
 
@@ -247,7 +247,7 @@ def render(sweep: Sweep, runs: dict, failed: dict, figures: dict) -> str:
 
   md += ["## Cost per step", "",
          "Steady-state training seconds per step (after the first evaluation point: compilation "
-         "and evaluations excluded), the loop's own seconds_per_step (everything included), "
+         "and evaluations excluded), the loop's own seconds_per_step (compilation included), "
          "mean evaluation time and wall time of a run. All runs shared 2 CPU cores with other "
          "jobs, so absolute times are noisy.", ""]
   rows = []

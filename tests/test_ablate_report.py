@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from absl import flags
@@ -174,7 +175,7 @@ def test_report_numbers_and_figures(finished_sweep, tmp_path):
   assert m == pytest.approx(bayes.mean(), abs=6e-4)
   for name in ("learning_curves.png", "recall_curves.png", "ratios.png", "cost_per_step.png"):
     assert f"]({name})" in md
-    image = __import__("matplotlib.pyplot").pyplot.imread(out / name)
+    image = plt.imread(out / name)
     assert image.ndim == 3 and image.shape[0] > 200 and image.std() > 0.01
   # The committed summary alone regenerates the same report.
   again = report.write_report(out, tmp_path / "again").read_text()
@@ -182,20 +183,27 @@ def test_report_numbers_and_figures(finished_sweep, tmp_path):
 
 
 def test_steady_cost_and_class_accuracy_formulas():
-  res = {"steps": 300, "seconds_per_step": 1.0, "train_seconds_this_run": 50.0,
-         "history": [{"step": 100, "train_seconds": 20.0, "eval_seconds": 4.0},
-                     {"step": 200, "train_seconds": 36.0, "eval_seconds": 6.0}]}
-  # (50 - 20 - 6) s over the 200 steps after the first evaluation.
-  assert report.steady_seconds_per_step(res) == pytest.approx(24.0 / 200)
-  steps, secs, _ = __import__("snm_jax.train.plots").train.plots.train_only_curve(
-      {**res, "final": {"m": 3.0}, "history": [{**h, "m": 1.0} for h in res["history"]]}, "m")
+  from snm_jax.train.plots import train_only_curve  # pylint: disable=g-import-not-at-top
+  old = {"steps": 300, "seconds_per_step": 1.0, "train_seconds_this_run": 50.0,
+         "train_seconds_excludes_eval": False,
+         "history": [{"step": 100, "train_seconds": 20.0, "eval_seconds": 4.0, "m": 1.0},
+                     {"step": 200, "train_seconds": 36.0, "eval_seconds": 6.0, "m": 2.0}],
+         "final": {"m": 3.0}}
+  # Clock included evaluations: (50 - 20 - 6) s over the 200 steps after the first one.
+  assert report.steady_seconds_per_step(old) == pytest.approx(24.0 / 200)
+  steps, secs, vals = train_only_curve(old, "m")
   assert steps == [100, 200, 300] and secs == pytest.approx([16.0, 26.0, 40.0])
+  assert vals == [1.0, 2.0, 3.0]
+  new = {**old}
+  del new["train_seconds_excludes_eval"]  # The current loop: evaluations already left out.
+  assert report.steady_seconds_per_step(new) == pytest.approx(30.0 / 200)
+  assert train_only_curve(new, "m")[1] == pytest.approx([20.0, 36.0, 50.0])
   final = {"recall@r": [0.6], "recall@r/head": [1.0], "recall@r/torso": [0.5],
            "recall@r/tail": [0.2], "num_pairs/head": 30, "num_pairs/torso": 10}
   assert report.class_accuracy(final) == pytest.approx({"all": 0.6, "head": 0.875, "tail": 0.2})
 
 
-SHIPPED = ["table2_bibtex.py", "table2_bibtex.py:b16", "table2_delicious.py", "vartheta.py",
+SHIPPED = ["table2_bibtex.py", "table2_bibtex.py:b16", "table2_bibtex.py:logistic", "table2_delicious.py", "vartheta.py",
            "owl_phi.py", "s2m_table4.py", "s2m_table4.py:synthetic", "digits_s2m.py",
            "num_samples.py", "synthetic_bayes.py"]
 
@@ -214,3 +222,40 @@ def test_shipped_sweeps_build_valid_configs(name):
         c.dataset.name, c.dataset.synthetic.num_labels)
     builders.validate(c, num_labels)
     assert c.seed == sweep.seeds[-1]
+
+
+def test_failed_runs_are_recorded_skipped_and_retried(sweep_file, tmp_path, monkeypatch):
+  from snm_jax.errors import NonFiniteLossError  # pylint: disable=g-import-not-at-top
+  from snm_jax.train import loop  # pylint: disable=g-import-not-at-top
+  sweep = ablate.resolve(spec.load_sweep(str(sweep_file)), seeds=1, only=["k1"])
+  calls = []
+
+  def diverge(config, workdir):
+    calls.append(workdir)
+    raise NonFiniteLossError("non-finite loss at step 7")
+
+  monkeypatch.setattr(loop, "train_and_evaluate", diverge)
+  log = lambda *_: None
+  assert ablate.run_sweep(sweep, tmp_path, log=log) == {"skipped": 0, "ran": 0, "failed": 1}
+  failed = json.loads((tmp_path / "k1" / "seed0" / "failed.json").read_text())
+  assert failed["error"] == "NonFiniteLossError" and "step 7" in failed["message"]
+  assert ablate.run_sweep(sweep, tmp_path, log=log) == {"skipped": 1, "ran": 0, "failed": 0}
+  assert len(calls) == 1
+  assert ablate.run_sweep(sweep, tmp_path, retry_failed=True, log=log)["failed"] == 1
+  assert len(calls) == 2
+
+  def bad_config(config, workdir):
+    raise ConfigError("mining.k", "k=0 must be in [1, 32]")
+
+  monkeypatch.setattr(loop, "train_and_evaluate", bad_config)
+  with pytest.raises(ConfigError):  # A wrong sweep stops, it is not a failed run.
+    ablate.run_sweep(sweep, tmp_path / "other", log=log)
+
+
+def test_sweep_json_keeps_points_of_partial_calls(sweep_file, tmp_path):
+  full = ablate.resolve(spec.load_sweep(str(sweep_file)))
+  ablate.write_sweep_json(ablate.resolve(full, only=["ns"], seeds=1), tmp_path)
+  ablate.write_sweep_json(ablate.resolve(full, only=["k1"], seeds=3), tmp_path)
+  merged = spec.Sweep.from_json(json.loads((tmp_path / "sweep.json").read_text()))
+  assert [p.name for p in merged.points] == ["ns", "k1"]
+  assert merged.seeds == (0, 1, 2) and merged.baseline == "ns"

@@ -28,17 +28,28 @@ def curve(result: dict, metric: str):
   return list(steps), list(secs), list(vals)
 
 
-def train_only_curve(result: dict, metric: str):
-  """Like `curve`, with the evaluation time taken out of the seconds axis.
+def excludes_eval(result: dict) -> bool:
+  """Whether the run's `train_seconds` already leave out the periodic evaluations.
 
-  The loop's `train_seconds` keep running during the periodic evaluations;
-  subtracting each history point's `eval_seconds` leaves training (and
-  compilation) time only.
+  True for results.json files of the current loop; runs of the earlier loop
+  (whose training clock kept running through evaluations) carry
+  "train_seconds_excludes_eval": false.
+  """
+  return result.get("train_seconds_excludes_eval", True)
+
+
+def train_only_curve(result: dict, metric: str):
+  """Like `curve`, with the evaluation time out of the seconds axis.
+
+  Runs whose clock included the periodic evaluations (`excludes_eval` False)
+  have each history point's `eval_seconds` subtracted, which leaves training
+  (and compilation) time only.
   """
   history = [h for h in result.get("history", []) if metric in h]
+  subtract = not excludes_eval(result)
   steps, secs, vals, spent = [], [], [], 0.0
   for h in history:
-    spent += h.get("eval_seconds", 0.0)
+    spent += h.get("eval_seconds", 0.0) if subtract else 0.0
     steps.append(h["step"])
     secs.append(h["train_seconds"] - spent)
     vals.append(h[metric])
@@ -129,10 +140,12 @@ def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
   present = [s for s in SUBPOPULATIONS if any(s in c for c in curves.values())]
   fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 4.2), squeeze=False)
   for ax, sub in zip(axes[0], present):
+    top = 0.0
     for j, (label, by_sub) in enumerate(curves.items()):
       if sub in by_sub:
         ys = np.asarray(by_sub[sub], np.float64)
         _band(ax, np.arange(1, ys.shape[1] + 1), ys, label, linestyle=_STYLES[j // 10 % 3])
+        top = max(top, float(np.nanmax(ys)))
     r_max = max(np.asarray(c[sub]).shape[-1] for c in curves.values() if sub in c)
     if r_max >= 20:
       ax.set_xscale("log")
@@ -140,7 +153,7 @@ def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
     ax.set_xlabel("r (number of retrieved labels)")
     ax.set_ylabel("recall@r")
     ax.set_title("all test pairs" if sub == "all" else f"{sub.capitalize()} labels")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(0, min(1.02, 1.1 * top + 0.01))  # Own scale per panel: Tail recall is often small.
     ax.grid(alpha=0.3, which="both")
   if title:
     fig.suptitle(_wrap(title, 120))
