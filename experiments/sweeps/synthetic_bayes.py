@@ -16,7 +16,8 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="Synthetic data (K = 1024): SNM, negative sampling and full softmax vs the Bayes-optimal top-5",
       config="experiments/configs/snm.py:synthetic",
-      base_overrides={"dataset.synthetic.num_labels": 1024,
+      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
+                      "dataset.synthetic.num_labels": 1024,
                       "dataset.synthetic.num_train": 50_000, "mining.num_samples": 256,
                       "train.num_steps": 4000, "train.eval_every": 1000,
                       "train.checkpoint_every": 2000},

@@ -25,7 +25,8 @@ def get_sweep(arg: str = "") -> Sweep:
       title=(f"Table 2 (Reddi et al. 2019) on Bibtex: SNM top-k vs negative sampling, B = {b}"
              + (", logistic phi x 10" if phi else "")),
       config="experiments/configs/snm.py:bibtex",
-      base_overrides={"mining.num_samples": b, "train.num_steps": 600,
+      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
+                      "mining.num_samples": b, "train.num_steps": 600,
                       "train.eval_every": 200, "train.checkpoint_every": 300, **phi},
       points=tuple(Point(f"k{k}", {"mining.k": k}, f"SNM top-{k}") for k in ks) + (
           Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling"),),

@@ -20,7 +20,8 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="vartheta families on Bibtex (B = 64)",
       config="experiments/configs/snm.py:bibtex",
-      base_overrides={"mining.num_samples": b, "train.num_steps": 400,
+      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
+                      "mining.num_samples": b, "train.num_steps": 400,
                       "train.eval_every": 200, "train.checkpoint_every": 200},
       points=(
           Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling (1/B)"),
