@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m experiments.demo --workdir=$(WORKDIR)
 
-## The whole test suite (this is what CI runs).
+## The whole test suite (this is what CI runs): the parallel part, then the timing-ratio tests alone.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist=loadfile tests
+	$(PY) -m pytest -q -n 2 --dist=loadfile -m "not timing" tests
+	$(PY) -m pytest -q -m timing tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all --size=small

@@ -1,0 +1,354 @@
+r"""Train-step time as K grows: sparse-update SNM step vs dense update vs full softmax.
+
+  python -m benchmarks.step_scaling --size=small --out_dir=/tmp/snm_jax_bench
+  python -m benchmarks.step_scaling --size=full
+
+Every step trains the same tiny query tower, `SNMTower(num_features=1024,
+hidden=128, out=128)` on random sparse rows with nnz=16 (so the class table and
+the N x B scoring dominate), with N=256 examples, B=4096 shared uniform negatives
+in V=8 strata, SNM top-k (k=16, BOWL, hinge, vartheta = 1/k on the 16 hardest)
+and L2-normalised class rows of width h=128. Variants:
+  * sparse: `snm_jax.train.step.make_train_step` (the project's default step:
+    gradients w.r.t. the gathered rows only, row-wise SGD on the touched rows),
+    on a (1, 1) mesh, state donated;
+  * dense:  the same loss, differentiated w.r.t. the whole (K, h) table and
+    updated by `optax.sgd` (the O(K h)-per-step reference);
+  * full_softmax: the project step with `loss.kind="full_softmax"` and the
+    `full` sampler (every label scored; sparse row update of all K rows);
+  * full_softmax_plain: q @ normalise(W)^T, `optax` softmax cross-entropy,
+    dense gradient + `optax.sgd` -- the simplest full softmax.
+FLOPs counted: the scoring matmul, 2 N S h forward and twice that backward
+(S = B sampled, or K for full softmax), plus the tower's two layers, also x3.
+Memory: every configuration is compiled from abstract shapes first, and
+skipped (with a note) if XLA's buffer assignment exceeds the memory budget.
+The sparse variants are timed round-robin (one step of each K per round), so
+the K-scaling ratios are robust to the load of this shared machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks import common
+from snm_jax import losses, sharding
+from snm_jax.mining import sharded_losses
+from snm_jax.mining.samplers import StratifiedSampler
+from snm_jax.models.towers import SNMTower, l2_normalize
+from snm_jax.train import row_optimizers
+from snm_jax.train.step import LossSpec, TrainState, make_train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  n: int = 256             # Minibatch N.
+  h: int = 128             # Query / class width h (= tower hidden width).
+  b: int = 4096            # Sampled negatives B (shared by the minibatch).
+  k: int = 16              # Hardest negatives kept.
+  num_strata: int = 8      # V.
+  nnz: int = 16            # Non-zeros per input row.
+  num_features: int = 1024  # Input dimension of the tiny tower.
+  label_width: int = 4     # Padded label-set width (accidental-hit check).
+
+
+SIZES = {
+    # The regression test runs "small" in-process; keep it well under 40 s.
+    "small": dict(sparse_ks=(10**4, 10**6), dense_ks=(10**4, 10**5), softmax_ks=(10**4,),
+                  reps=10, interleave_peak=False),
+    "full": dict(sparse_ks=(10**4, 10**5, 10**6, 10**7), dense_ks=(10**4, 10**5, 10**6, 10**7),
+                 softmax_ks=(10**4, 10**5, 10**6, 10**7), reps=10, interleave_peak=True),
+}
+TOWER_LR, TOWER_MOMENTUM, TABLE_LR = 0.1, 0.9, 0.5
+
+
+def tower_flops(s: Shape) -> float:
+  return 3 * 2.0 * s.n * (s.nnz * s.h + s.h * s.h)
+
+
+def scoring_flops(s: Shape, num_scored: int) -> float:
+  return 3 * 2.0 * s.n * num_scored * s.h
+
+
+def snm_loss_spec(s: Shape, num_labels: int) -> LossSpec:
+  head, tail = losses.split_vartheta(losses.top_k_vartheta(s.k, s.b, num_labels, scale="mean"))
+  return LossSpec(kind="bowl", phi=losses.hinge, head_minus_tail=tuple(float(x - tail) for x in head),
+                  tail=float(tail))
+
+
+def make_batch(s: Shape, num_labels: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  label = rng.integers(0, num_labels, s.n).astype(np.int32)
+  others = rng.integers(0, num_labels, (s.n, s.label_width - 1)).astype(np.int32)
+  return {
+      "feat_ids": rng.integers(0, s.num_features, (s.n, s.nnz)).astype(np.int32),
+      "feat_vals": rng.random((s.n, s.nnz)).astype(np.float32),
+      "label": label,
+      "label_set": np.concatenate([label[:, None], others], axis=1),
+      "valid": np.ones(s.n, bool),
+      "example_id": np.arange(s.n, dtype=np.int32),
+  }
+
+
+class Bench:
+  """A compiled step with its (donated, carried) state: `run()` does one step."""
+
+  def __init__(self, name, num_labels, flops, compiled, init_state, args, memory):
+    self.name, self.num_labels, self.flops = name, num_labels, flops
+    self.compiled, self.args, self.memory = compiled, args, memory
+    self.state = init_state()
+
+  def run(self):
+    """One step; returns everything it produced (the timer blocks on all of it)."""
+    self.state, metrics = self.compiled(self.state, *self.args)
+    return self.state, metrics
+
+  def free(self):
+    jax.tree.map(lambda x: x.delete() if isinstance(x, jax.Array) and not x.is_deleted() else None,
+                 self.state)
+    self.state = None
+
+
+def _compile(step, init_state, args, mesh):
+  """Compiles `step(state, *args)` from abstract shapes; nothing is allocated."""
+  abstract = jax.eval_shape(init_state)
+  shardings = _state_shardings(abstract, mesh)
+  abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          abstract, shardings)
+  return step.lower(abstract, *args).compile(), shardings
+
+
+def _state_shardings(abstract, mesh):
+  rep = sharding.named(mesh, sharding.REPLICATED)
+  sh = jax.tree.map(lambda _: rep, abstract)
+  rows = lambda x: sharding.named(mesh, jax.P(sharding.MODEL, *[None] * (x.ndim - 1)))
+  if isinstance(abstract, TrainState):
+    return sh.replace(table=sharding.named(mesh, sharding.TABLE),
+                      table_state=jax.tree.map(rows, abstract.table_state))
+  return {**sh, "table": sharding.named(mesh, sharding.TABLE)}
+
+
+def _build(name, step, init_fn, args, mesh, num_labels, flops, budget):
+  """Compiles, checks the memory budget, allocates: a Bench or a skip record."""
+  compiled, shardings = _compile(step, init_fn, args, mesh)
+  memory = common.compiled_memory(compiled)
+  budget = min(budget, common.memory_budget_bytes())
+  if memory.get("peak_bytes", 0) > budget:
+    return {"variant": name, "K": num_labels, "skipped": True,
+            "note": (f"XLA buffer assignment needs {common.human_bytes(memory['peak_bytes'])} "
+                     f"> budget {common.human_bytes(budget)}"), **memory}
+  init_state = jax.jit(init_fn, out_shardings=shardings)
+  return Bench(name, num_labels, flops, compiled, init_state, args, memory)
+
+
+def _tower_and_params(s: Shape):
+  tower = SNMTower(num_features=s.num_features, hidden=s.h, out=s.h)
+  params = tower.init(jax.random.key(0), jnp.zeros((1, s.nnz), jnp.int32),
+                      jnp.zeros((1, s.nnz), jnp.float32))
+  return tower, params
+
+
+def _device_batch(s, num_labels, mesh):
+  data = sharding.named(mesh, jax.P(sharding.DATA))
+  return {k: jax.device_put(v, data) for k, v in make_batch(s, num_labels).items()}
+
+
+def sparse_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET_BYTES,
+                 full_softmax: bool = False):
+  """The project's train step; `full_softmax` switches to the full sampler + softmax."""
+  tower, params = _tower_and_params(s)
+  tx = optax.sgd(TOWER_LR, momentum=TOWER_MOMENTUM)
+  ropt = row_optimizers.sgd()
+  if full_softmax:
+    sampler = StratifiedSampler(num_labels, num_labels, num_strata=s.num_strata, full=True)
+    spec = LossSpec(kind="full_softmax")
+  else:
+    sampler = StratifiedSampler(num_labels, s.b, num_strata=s.num_strata)
+    spec = snm_loss_spec(s, num_labels)
+  k_pad = sampler.padded_labels
+
+  def init():
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      table=common.hash_normal((k_pad, s.h)), table_state=ropt.init(k_pad, s.h),
+                      nonfinite_steps=jnp.zeros((), jnp.int32),
+                      first_nonfinite_step=jnp.full((), -1, jnp.int32))
+
+  step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda _: TABLE_LR,
+                         sampler=sampler, loss=spec, mesh=mesh, normalize_classes=True, donate=True)
+  args = (_device_batch(s, num_labels, mesh), jax.random.key(1))
+  scored = num_labels if full_softmax else s.b
+  name = "full_softmax" if full_softmax else "sparse"
+  return _build(name, step, init, args, mesh, num_labels,
+                scoring_flops(s, scored) + tower_flops(s), budget)
+
+
+def dense_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET_BYTES,
+                full_softmax: bool = False):
+  """Reference steps that differentiate w.r.t. the whole table (optax.sgd on it):
+  the SNM loss on B sampled rows, or (`full_softmax`) the plain full softmax."""
+  tower, params = _tower_and_params(s)
+  tx, table_tx = optax.sgd(TOWER_LR, momentum=TOWER_MOMENTUM), optax.sgd(TABLE_LR)
+  sampler = StratifiedSampler(num_labels, s.b, num_strata=s.num_strata)
+  spec = snm_loss_spec(s, num_labels)
+  strata = jnp.arange(s.num_strata, dtype=jnp.int32)
+
+  def init():
+    table = common.hash_normal((num_labels, s.h))
+    return {"params": params, "opt_state": tx.init(params), "table": table,
+            "table_opt_state": table_tx.init(table)}
+
+  def snm_loss(params, table, batch, key):
+    ids, _ = sampler.sample_strata(key, strata)
+    q = tower.apply(params, batch["feat_ids"], batch["feat_vals"])
+    rows_BxH = l2_normalize(jnp.take(table, ids, axis=0))
+    pos_N = jnp.sum(q * l2_normalize(jnp.take(table, batch["label"], axis=0)), axis=-1)
+    scores_NxB = q @ rows_BxH.T
+    hit = jnp.any(ids[None, :, None] == batch["label_set"][:, None, :], axis=-1)
+    per_ex, _ = sharded_losses.ordered_weighted_loss(
+        pos_N, scores_NxB, ~hit, head_minus_tail=np.asarray(spec.head_minus_tail, np.float32),
+        tail=spec.tail, phi=spec.phi, kind=spec.kind)
+    return jnp.mean(per_ex)
+
+  def softmax_loss(params, table, batch, key):
+    del key
+    q = tower.apply(params, batch["feat_ids"], batch["feat_vals"])
+    logits_NxK = q @ l2_normalize(table).T
+    return jnp.mean(optax.losses.softmax_cross_entropy_with_integer_labels(logits_NxK, batch["label"]))
+
+  loss_fn = softmax_loss if full_softmax else snm_loss
+
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def step(state, batch, key):
+    loss, (g_params, g_table) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+        state["params"], state["table"], batch, key)
+    up, opt_state = tx.update(g_params, state["opt_state"], state["params"])
+    t_up, t_state = table_tx.update(g_table, state["table_opt_state"], state["table"])
+    return {"params": optax.apply_updates(state["params"], up), "opt_state": opt_state,
+            "table": optax.apply_updates(state["table"], t_up), "table_opt_state": t_state}, loss
+
+  args = (_device_batch(s, num_labels, mesh), jax.random.key(1))
+  scored = num_labels if full_softmax else s.b
+  name = "full_softmax_plain" if full_softmax else "dense"
+  return _build(name, step, init, args, mesh, num_labels,
+                scoring_flops(s, scored) + tower_flops(s), budget)
+
+
+def _row(bench, t, peak, table_bytes):
+  return {"variant": bench.name, "K": bench.num_labels, "time_ms": 1e3 * t["median_s"],
+          "min_ms": 1e3 * t["min_s"], "reps": t["reps"], "table_MiB": table_bytes / 2**20,
+          **common.gflops_row(bench.flops, t, peak), **bench.memory}
+
+
+def run_sparse_sweep(s: Shape, ks, reps, peak, mesh, budget=common.MEMORY_BUDGET_BYTES,
+                     profile: bool = False, interleave_peak: bool = False):
+  """All sparse steps built at once and timed round-robin, with the roofline
+  matmul as one more contestant of every round if `interleave_peak`.
+
+  Returns (rows, op profile of the step at the largest K or [], interleaved peak or None)."""
+  benches, rows, prof = {}, [], []
+  for k in ks:
+    b = sparse_bench(s, k, mesh, budget=budget)
+    if isinstance(b, dict):
+      rows.append(b)
+    else:
+      benches[k] = b
+  fns = {k: b.run for k, b in benches.items()}
+  if interleave_peak:
+    fns["matmul"], mm_flops = common.matmul_fn()
+  times = common.time_interleaved(fns, reps=reps)
+  il_peak = common.peak_from_times(times["matmul"], mm_flops) if interleave_peak else None
+  for k, b in benches.items():
+    rows.append(_row(b, times[k], peak, k * s.h * 4))
+    if il_peak:
+      rows[-1]["frac_of_interleaved_peak"] = rows[-1]["gflops"] / il_peak["gflops"]
+  if profile and benches:
+    b = benches[max(benches)]
+    prof = [{"K": b.num_labels, **r} for r in common.op_profile(b.run, b.compiled)]
+  for b in benches.values():
+    b.free()
+  return sorted(rows, key=lambda r: r["K"]), prof, il_peak
+
+
+def run_one(builder, s, k, reps, peak, mesh, budget=common.MEMORY_BUDGET_BYTES, **kw):
+  b = builder(s, k, mesh, budget=budget, **kw)
+  if isinstance(b, dict):
+    return b
+  t = common.time_fn(b.run, reps=reps)
+  row = _row(b, t, peak, k * s.h * 4)
+  b.free()
+  return row
+
+
+def scaling_summary(rows) -> dict:
+  """The issue's targets, computed from the rows of one run."""
+  def t(variant, k):
+    for r in rows:
+      if r["variant"] == variant and r["K"] == k and not r.get("skipped"):
+        return r["time_ms"]
+    return None
+
+  sparse = sorted((r for r in rows if r["variant"] == "sparse" and not r.get("skipped")),
+                  key=lambda r: r["K"])
+  out = {}
+  if len(sparse) >= 2:
+    out["sparse_ratio_Kmax_over_Kmin"] = sparse[-1]["time_ms"] / sparse[0]["time_ms"]
+    out["sparse_ratio_K"] = (sparse[-1]["K"], sparse[0]["K"])
+  if t("sparse", 10**6) and t("sparse", 10**4):
+    r = t("sparse", 10**6) / t("sparse", 10**4)
+    out["target_sparse_1e6_over_1e4"] = {"value": r, "target": "<= 1.3", "met": r <= 1.3}
+  softmax = [t(v, 10**5) for v in ("full_softmax", "full_softmax_plain") if t(v, 10**5)]
+  if t("sparse", 10**5) and softmax:
+    r = min(softmax) / t("sparse", 10**5)
+    out["target_speedup_vs_full_softmax_1e5"] = {"value": r, "target": ">= 10", "met": r >= 10,
+                                                 "against": "the faster full-softmax variant"}
+  # Against the matmul timed in the same rounds when available (robust to load drift).
+  col = "frac_of_interleaved_peak" if sparse and "frac_of_interleaved_peak" in sparse[0] else "frac_of_peak"
+  fr = [r[col] for r in sparse]
+  if fr:
+    out["target_sparse_frac_of_peak"] = {"value": max(fr), "min": min(fr), "target": ">= 0.5",
+                                         "met": min(fr) >= 0.5, "column": col}
+  return out
+
+
+def run(size: str = "small", out_dir: str | None = None, peak: dict | None = None,
+        shape: Shape = Shape(), include_references: bool = True) -> dict:
+  """Runs the benchmark; returns the JSON payload (also written to out_dir if given)."""
+  cfg = SIZES[size]
+  mesh = sharding.make_mesh((1, 1), devices=jax.devices()[:1])
+  peak = peak or common.matmul_peak()
+  rows, prof, il_peak = run_sparse_sweep(shape, cfg["sparse_ks"], cfg["reps"], peak, mesh,
+                                         profile=include_references,
+                                         interleave_peak=cfg["interleave_peak"])
+  if include_references:
+    for k in cfg["dense_ks"]:
+      rows.append(run_one(dense_bench, shape, k, cfg["reps"], peak, mesh))
+    for k in cfg["softmax_ks"]:
+      rows.append(run_one(sparse_bench, shape, k, cfg["reps"], peak, mesh, full_softmax=True))
+      rows.append(run_one(dense_bench, shape, k, cfg["reps"], peak, mesh, full_softmax=True))
+  notes = [r["variant"] + f" K={r['K']}: skipped, " + r["note"] for r in rows if r.get("skipped")]
+  summary = scaling_summary(rows)
+  return common.report(
+      "step_scaling", size, {**dataclasses.asdict(shape), **cfg,
+                             "tower": f"SNMTower(num_features={shape.num_features}, hidden={shape.h}, "
+                                      f"out={shape.h})", "mesh": "(1, 1)"},
+      rows, ["variant", "K", "time_ms", "min_ms", "gflops", "frac_of_peak", "frac_of_interleaved_peak",
+             "table_MiB", "temp_bytes"],
+      peak, notes, out_dir,
+      extra={"summary": summary, "interleaved_matmul_peak": il_peak, "sparse_step_op_profile": prof})
+
+
+def main(argv):
+  del argv
+  payload = run(common.SIZE.value, common.OUT_DIR.value, common.peak_from_flags())
+  print("summary:", payload["summary"])
+  if payload["sparse_step_op_profile"]:
+    print("\nsparse step, largest K, time per HLO op:")
+    print(common.format_table(payload["sparse_step_op_profile"], ["op", "ms", "share", "shape", "source"]))
+
+
+if __name__ == "__main__":
+  common.run_main(main)
