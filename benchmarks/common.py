@@ -346,3 +346,18 @@ def report(name: str, size: str, config: dict, rows: list[dict], columns: Sequen
   if out_dir:
     print(f"wrote {write_json(out_dir, name, payload)}")
   return payload
+
+
+def random_batch(s, num_labels: int, seed: int = 0) -> dict:
+  """A random padded batch for a benchmark shape `s` (fields n, nnz, num_features, label_width)."""
+  rng = np.random.default_rng(seed)
+  label = rng.integers(0, num_labels, s.n).astype(np.int32)
+  others = rng.integers(0, num_labels, (s.n, s.label_width - 1)).astype(np.int32)
+  return {
+      "feat_ids": rng.integers(0, s.num_features, (s.n, s.nnz)).astype(np.int32),
+      "feat_vals": rng.random((s.n, s.nnz)).astype(np.float32),
+      "label": label,
+      "label_set": np.concatenate([label[:, None], others], axis=1),
+      "valid": np.ones(s.n, bool),
+      "example_id": np.arange(s.n, dtype=np.int32),
+  }

@@ -176,18 +176,6 @@ def hlo_collectives(hlo_text: str, num_devices: int) -> list[dict]:
 
 # ---- the step -------------------------------------------------------------------------
 
-def make_batch(s: Shape, num_labels: int, seed: int = 0) -> dict:
-  rng = np.random.default_rng(seed)
-  label = rng.integers(0, num_labels, s.n).astype(np.int32)
-  others = rng.integers(0, num_labels, (s.n, s.label_width - 1)).astype(np.int32)
-  return {
-      "feat_ids": rng.integers(0, s.num_features, (s.n, s.nnz)).astype(np.int32),
-      "feat_vals": rng.random((s.n, s.nnz)).astype(np.float32),
-      "label": label,
-      "label_set": np.concatenate([label[:, None], others], axis=1),
-      "valid": np.ones(s.n, bool),
-      "example_id": np.arange(s.n, dtype=np.int32),
-  }
 
 
 class ShardedStep:
@@ -222,7 +210,7 @@ class ShardedStep:
     step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda _: TABLE_LR,
                            sampler=sampler, loss=spec, mesh=mesh, normalize_classes=True, donate=True)
     data = sharding.named(mesh, jax.P(sharding.DATA))
-    self.batch = {k: jax.device_put(v, data) for k, v in make_batch(s, num_labels).items()}
+    self.batch = {k: jax.device_put(v, data) for k, v in common.random_batch(s, num_labels).items()}
     self.key = jax.random.key(1)
     abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                             abstract, shardings)

@@ -80,18 +80,6 @@ def snm_loss_spec(s: Shape, num_labels: int) -> LossSpec:
                   tail=float(tail))
 
 
-def make_batch(s: Shape, num_labels: int, seed: int = 0) -> dict:
-  rng = np.random.default_rng(seed)
-  label = rng.integers(0, num_labels, s.n).astype(np.int32)
-  others = rng.integers(0, num_labels, (s.n, s.label_width - 1)).astype(np.int32)
-  return {
-      "feat_ids": rng.integers(0, s.num_features, (s.n, s.nnz)).astype(np.int32),
-      "feat_vals": rng.random((s.n, s.nnz)).astype(np.float32),
-      "label": label,
-      "label_set": np.concatenate([label[:, None], others], axis=1),
-      "valid": np.ones(s.n, bool),
-      "example_id": np.arange(s.n, dtype=np.int32),
-  }
 
 
 class Bench:
@@ -154,7 +142,7 @@ def _tower_and_params(s: Shape):
 
 def _device_batch(s, num_labels, mesh):
   data = sharding.named(mesh, jax.P(sharding.DATA))
-  return {k: jax.device_put(v, data) for k, v in make_batch(s, num_labels).items()}
+  return {k: jax.device_put(v, data) for k, v in common.random_batch(s, num_labels).items()}
 
 
 def sparse_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET_BYTES,
