@@ -80,8 +80,6 @@ def snm_loss_spec(s: Shape, num_labels: int) -> LossSpec:
                   tail=float(tail))
 
 
-
-
 class Bench:
   """A compiled step with its (donated, carried) state: `run()` does one step."""
 
