@@ -197,10 +197,9 @@ class ShardedStep:
     k_pad = sampler.padded_labels
 
     def init():
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                        table=common.hash_normal((k_pad, s.h)), table_state=ropt.init(k_pad, s.h),
-                        nonfinite_steps=jnp.zeros((), jnp.int32),
-                        first_nonfinite_step=jnp.full((), -1, jnp.int32))
+      return TrainState.create(params=params, opt_state=tx.init(params),
+          table=common.hash_normal((k_pad, s.h)),
+          table_state=ropt.init(k_pad, s.h))
 
     rep = sharding.named(mesh, sharding.REPLICATED)
     abstract = jax.eval_shape(init)

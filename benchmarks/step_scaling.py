@@ -158,10 +158,9 @@ def sparse_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET
   k_pad = sampler.padded_labels
 
   def init():
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      table=common.hash_normal((k_pad, s.h)), table_state=ropt.init(k_pad, s.h),
-                      nonfinite_steps=jnp.zeros((), jnp.int32),
-                      first_nonfinite_step=jnp.full((), -1, jnp.int32))
+    return TrainState.create(params=params, opt_state=tx.init(params),
+        table=common.hash_normal((k_pad, s.h)),
+        table_state=ropt.init(k_pad, s.h))
 
   step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda _: TABLE_LR,
                          sampler=sampler, loss=spec, mesh=mesh, normalize_classes=True, donate=True)

@@ -43,12 +43,10 @@ def make(mesh_shape, *, per_example=False, spec=None, row_opt="sgd", table_lr=0.
   tx = optax.sgd(tower_lr)
   ropt = row_optimizers.get_row_optimizer(row_opt)
   table = jax.random.normal(jax.random.key(1), (K, H))
-  state = TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+  state = TrainState.create(params=params, opt_state=tx.init(params),
       table=jax.device_put(table, sharding.named(mesh, sharding.TABLE)),
       table_state=jax.tree.map(lambda x: jax.device_put(x, sharding.named(mesh, jax.P(sharding.MODEL))),
-                               ropt.init(K, H)),
-      nonfinite_steps=jnp.zeros((), jnp.int32), first_nonfinite_step=jnp.full((), -1, jnp.int32))
+                               ropt.init(K, H)))
   sampler = StratifiedSampler(K, B, num_strata=V, per_example=per_example)
   step = make_train_step(tower_apply=model.apply, tx=tx, row_opt=ropt, table_lr=lambda s: table_lr,
                          sampler=sampler, loss=spec or loss_spec(), mesh=mesh,

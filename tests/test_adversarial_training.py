@@ -32,11 +32,10 @@ def _run(mesh_shape, kind, steps=3):
   b = toy_batch()
   params = model.init(jax.random.key(0), b["feat_ids"], b["feat_vals"])
   tx, ropt = optax.sgd(0.1), row_optimizers.adagrad()
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                     table=jax.device_put(jax.random.normal(jax.random.key(1), (K, H)),
+  state = TrainState.create(params=params, opt_state=tx.init(params),
+      table=jax.device_put(jax.random.normal(jax.random.key(1), (K, H)),
                                           sharding.named(mesh, sharding.TABLE)),
-                     table_state=jax.device_put(ropt.init(K, H), sharding.named(mesh, jax.P(sharding.MODEL))),
-                     nonfinite_steps=jnp.zeros((), jnp.int32), first_nonfinite_step=jnp.full((), -1, jnp.int32))
+      table_state=jax.device_put(ropt.init(K, H), sharding.named(mesh, jax.P(sharding.MODEL))))
   spec = LossSpec(kind=kind, lam=0.01) if kind != "bowl" else LossSpec(
       kind="bowl", phi=lambda u: jnp.maximum(1 - u, 0), head_minus_tail=(1.0, 1.0), tail=0.0)
   step = make_train_step(tower_apply=model.apply, tx=tx, row_opt=ropt, table_lr=lambda s: 0.5,

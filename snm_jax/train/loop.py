@@ -69,10 +69,9 @@ def create_state(config, tower, num_features, table_rows, dim, tx, row_opt, mesh
   def init():
     params = tower.init(k_tower, dummy_ids, dummy_vals)
     table = init_table()
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      table=table, table_state=row_opt.init(table_rows, dim),
-                      nonfinite_steps=jnp.zeros((), jnp.int32),
-                      first_nonfinite_step=jnp.full((), -1, jnp.int32))
+    return TrainState.create(params=params, opt_state=tx.init(params),
+        table=table,
+        table_state=row_opt.init(table_rows, dim))
 
   abstract = jax.eval_shape(init)
   replicated = sharding.named(mesh, sharding.REPLICATED)

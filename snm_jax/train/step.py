@@ -46,6 +46,13 @@ class TrainState:
   nonfinite_steps: Any = 0         # count of steps whose loss was NaN/inf (update dropped)
   first_nonfinite_step: Any = -1   # the first such step, -1 if none
 
+  @classmethod
+  def create(cls, *, params, opt_state, table, table_state) -> "TrainState":
+    """A state at step 0 with no non-finite step seen (jit-compatible)."""
+    return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, table=table,
+               table_state=table_state, nonfinite_steps=jnp.zeros((), jnp.int32),
+               first_nonfinite_step=jnp.full((), -1, jnp.int32))
+
 
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
