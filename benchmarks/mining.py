@@ -10,7 +10,7 @@ For a chunk of n L2-normalised queries (n, h=128) and a class table (K, h):
   3. score them (shared: one (n, h) @ (h, B) matmul; per-example: n batched
      (B, h) @ (h,) products -- memory-bound);
   4. drop accidental hits of the label set (width 4) and take the k largest
-     (`snm_jax.mining.topk.masked_top_k`), mapping positions back to label ids.
+     (`snm_jax.losses.masked_top_k`), mapping positions back to label ids.
 Shared sampling uses n = 1024 queries per call. Per-example sampling
 materialises n x B x h gathered floats, so its chunk is the largest power of
 two <= 1024 with n B h 4 bytes <= 16 MiB (n = 32 at B = 1024, 1 at B = 32768):
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
+from snm_jax.losses import masked_top_k
 from snm_jax.mining.samplers import StratifiedSampler
-from snm_jax.mining.topk import masked_top_k
 from snm_jax.models.towers import l2_normalize
 
 SIZES = {
@@ -63,7 +63,7 @@ def make_miner(num_labels: int, b: int, k: int, per_example: bool):
       scores_NxB = queries @ rows_BxH.T
       ids_NxB = jnp.broadcast_to(ids_B[None], scores_NxB.shape)
     hit = jnp.any(ids_NxB[:, :, None] == label_set[:, None, :], axis=-1)
-    vals, pos, _ = masked_top_k(scores_NxB, ~hit, k)
+    vals, _, pos = masked_top_k(scores_NxB, k, ~hit)
     return vals, jnp.take_along_axis(ids_NxB, pos, axis=-1)
 
   return mine

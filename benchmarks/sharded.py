@@ -22,8 +22,9 @@ an all-gather: the gathered result):
       psum of an (n, M k) block per array. The loss needs the values (f32) and
       the valid flags (as i32); the ids are psum-ed too but unused by the loss,
       so XLA drops that psum (retrieval keeps it): 2 * 4 n M k;
-    * psums / pmax of (n,) vectors: positive score, hardest negative, number of
-      valid negatives (+ the tail sum when vartheta's tail is non-zero): 3 * 4 n;
+    * psums of (n,) vectors: positive score and number of valid negatives (+ the
+      tail sum when vartheta's tail is non-zero): 2 * 4 n. The hardest negative
+      is the merged top-k's first entry, so it needs no pmax of its own;
     * backward: the query gradient (n, h) is summed over the model shards (the
       transpose of using the model-replicated queries in every shard), once for
       the positive and once for the negative scores: 2 * 4 n h;
@@ -110,7 +111,7 @@ def formula_bytes(s: Shape, mesh_shape, tail_nonzero: bool = False) -> dict:
   out = {}
   if m > 1:
     out["model/topk_candidates"] = 2 * 4 * n * m * s.k
-    out["model/n_vectors"] = (4 if tail_nonzero else 3) * 4 * n
+    out["model/n_vectors"] = (3 if tail_nonzero else 2) * 4 * n
     out["model/query_grad"] = 2 * 4 * n * s.h
   if d > 1:
     out["data/row_grads"] = 4 * s.b * s.h // m

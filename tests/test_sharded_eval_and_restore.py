@@ -206,4 +206,4 @@ def test_step_communication_matches_formula_and_not_k():
   # (values + valid of the k candidates per shard, (n,) vectors, the query gradient).
   n = small.n // 2
   assert model_axis[0] == model_axis[1]
-  assert sum(model_axis[0]) == 2 * 4 * n * 4 * small.k + 3 * 4 * n + 2 * 4 * n * small.h
+  assert sum(model_axis[0]) == 2 * 4 * n * 4 * small.k + 2 * 4 * n + 2 * 4 * n * small.h

@@ -318,3 +318,34 @@ def test_avg_top_k_and_s2m():
   np.testing.assert_allclose(g, [0, 0, 0, 0, 0.5, 0.5])
   with pytest.raises(ValueError, match="^k"):
     losses.s2m_loss(values[0], 11)
+
+
+@pytest.mark.parametrize("shape,k", [((256, 4096), 16), ((3, 2, 1024), 5), ((4096,), 1), ((8, 8192), 32)])
+def test_two_stage_top_k_equals_lax_top_k(shape, k):
+  """`ranking.top_k` takes the grouped two-stage path at these widths and returns
+  exactly lax.top_k's values; indices too where there are no ties."""
+  from snm_jax.losses import ranking  # pylint: disable=g-import-not-at-top
+  assert ranking._num_groups(shape[-1], k) is not None
+  x = jax.random.normal(jax.random.key(3), shape)
+  v, i = jax.jit(lambda a: ranking.top_k(a, k))(x)
+  v0, i0 = jax.lax.top_k(x, k)
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(v0))
+  np.testing.assert_array_equal(np.asarray(i), np.asarray(i0))
+  # Many ties (masked entries at the fill value, repeated values): values still exact,
+  # and every index points at an entry holding its value.
+  t = jnp.round(x * 2) / 2
+  t = jnp.where(jax.random.uniform(jax.random.key(4), shape) < 0.5, jnp.finfo(jnp.float32).min, t)
+  v, i = ranking.top_k(t, k)
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(jax.lax.top_k(t, k)[0]))
+  np.testing.assert_array_equal(np.asarray(jnp.take_along_axis(t, i, -1)), np.asarray(v))
+  assert all(len(set(row)) == k for row in np.asarray(i).reshape(-1, k))
+
+
+def test_top_k_small_widths_use_one_lax_top_k():
+  from snm_jax.losses import ranking  # pylint: disable=g-import-not-at-top
+  assert ranking._num_groups(64, 16) is None
+  assert ranking._num_groups(1000, 4) is None  # no power-of-two group count divides it usefully
+  top, ok, idx = losses.masked_top_k(jnp.asarray([[3.0, 1.0, 2.0]]), 5, jnp.asarray([[True, False, True]]))
+  np.testing.assert_array_equal(np.asarray(ok), [[True, True, False, False, False]])
+  np.testing.assert_array_equal(np.asarray(top)[0, :2], [3.0, 2.0])
+  np.testing.assert_array_equal(np.asarray(idx)[0, :2], [0, 2])

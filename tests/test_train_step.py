@@ -127,3 +127,40 @@ def test_nonfinite_loss_drops_the_update():
   assert not np.isfinite(float(m["loss"]))
   np.testing.assert_array_equal(np.asarray(st.table), np.asarray(s["state"].table))
   assert int(st.nonfinite_steps) == 1 and int(st.first_nonfinite_step) == 0
+
+
+def test_valid_negatives_metric_counts_the_mask():
+  """The sort-based count of valid shared draws equals summing the (N, B) mask,
+  with padding draws, repeated draws, padded label slots and repeated labels."""
+  from snm_jax.train.step import _shared_valid_count  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  num_labels = 20
+  ids = rng.integers(0, num_labels + 4, 64).astype(np.int32)  # >= num_labels: padding draws
+  label_set = rng.integers(-1, num_labels, (32, 5)).astype(np.int32)
+  label_set[0] = [3, 3, -1, -1, 7]
+  hit = np.any(ids[None, :, None] == label_set[:, None, :], axis=-1)
+  expected = np.sum((ids[None] < num_labels) & ~hit, axis=-1)
+  got = np.asarray(_shared_valid_count(jnp.asarray(ids), jnp.asarray(label_set), num_labels))
+  np.testing.assert_array_equal(got, expected)
+  assert expected.min() < expected.max()  # the case exercises hits
+
+
+def test_additive_sgd_update_equals_the_merged_update():
+  """SGD's scatter-add fast path equals the unique + segment-sum path on
+  duplicate, out-of-shard and padding ids."""
+  from snm_jax.train import row_optimizers as ro  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  table = jnp.asarray(rng.normal(size=(10, 3)), jnp.float32)
+  ids = jnp.asarray([1, 4, 1, 1, 10, -3, 9, 4], jnp.int32)
+  grads = jnp.asarray(rng.normal(size=(8, 3)), jnp.float32)
+  fast = ro.sgd()
+  merged = fast._replace(additive=False)
+  t_fast, _ = ro.apply_row_update(table, {}, ids, grads, 0.3, fast)
+  t_merged, _ = ro.apply_row_update(table, {}, ids, grads, 0.3, merged)
+  np.testing.assert_allclose(np.asarray(t_fast), np.asarray(t_merged), atol=1e-6)
+  expected = np.asarray(table).copy()
+  for i, g in zip(np.asarray(ids), np.asarray(grads)):
+    if 0 <= i < 10:
+      expected[i] -= 0.3 * g
+  np.testing.assert_allclose(np.asarray(t_fast), expected, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(t_fast)[[0, 2, 3]], np.asarray(table)[[0, 2, 3]])

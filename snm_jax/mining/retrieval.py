@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from snm_jax.losses.ranking import top_k_candidates
 from snm_jax.mining.topk import merge_top_k_across
 from snm_jax.models.towers import l2_normalize
 from snm_jax.sharding import DATA, MODEL
@@ -42,8 +43,13 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
     if bias_fn is not None:
       s = s + bias_fn(extra, gid)
     s = jnp.where(((local >= b * r) & (gid < num_labels))[None, :], s, -jnp.inf)
-    all_vals = jnp.concatenate([vals, s], axis=1)
-    all_ids = jnp.concatenate([ids, jnp.broadcast_to(gid[None], (n, r))], axis=1)
+    # The block's top-k candidates (all r scores when grouping does not pay
+    # off) merged with the running top-k by one top_k over both.
+    cand, cand_pos = top_k_candidates(s, min(k, r))
+    all_vals = jnp.concatenate([vals, cand], axis=1)
+    cand_ids = (jnp.broadcast_to(gid[None], (n, r)) if cand.shape[1] == r  # not grouped
+                else jnp.take(gid, cand_pos, mode="clip"))
+    all_ids = jnp.concatenate([ids, cand_ids], axis=1)
     top, pos = jax.lax.top_k(all_vals, k)
     if with_lse:  # running log-sum-exp over all labels (for normalised log-likelihoods)
       lse = jnp.logaddexp(lse, jax.nn.logsumexp(s, axis=1))

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snm_jax.mining.topk import masked_top_k, merge_top_k_across
+from snm_jax.losses.ranking import masked_top_k
+from snm_jax.mining.topk import merge_top_k_across
 
 
 def _psum(x, axis_name):
@@ -60,14 +61,15 @@ def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, ta
   if tail != 0.0:
     per_neg = jnp.where(valid, phi(owl_terms(pos, jnp.where(valid, scores, zero), kind)), zero)
     loss = loss + tail * _psum(jnp.sum(per_neg, axis=-1), axis_name)
-  top_vals, top_ids, top_valid = masked_top_k(scores, valid, max(k, 1))
+  top_vals, top_valid, top_ids = masked_top_k(scores, max(k, 1), valid)
   if axis_name is not None:
     top_vals, top_ids, top_valid = merge_top_k_across(top_vals, top_ids, top_valid, max(k, 1), axis_name)
   if k > 0:
     safe = jnp.where(top_valid, top_vals, jnp.zeros_like(top_vals))
     w = jnp.asarray(head_minus_tail, scores.dtype)
     loss = loss + jnp.sum(jnp.where(top_valid, w * phi(owl_terms(pos, safe, kind)), 0.0), axis=-1)
-  return loss, jax.lax.stop_gradient(top_vals[..., 0])
+  hardest = jnp.where(top_valid[..., 0], top_vals[..., 0], -jnp.inf)
+  return loss, jax.lax.stop_gradient(hardest)
 
 
 def sampled_softmax_loss(pos, scores, valid, log_q, *, log_q_pos=0.0, axis_name=None):

@@ -1,5 +1,5 @@
-"""Distributed top-k: local `lax.top_k` on each label shard, then a merge of the
-M * k candidates. Runs inside `shard_map`; with one shard it is a plain top-k.
+"""Distributed top-k: a local top-k on each label shard (`losses.masked_top_k`),
+then a merge of the M * k candidates. Runs inside `shard_map`.
 
 Why not one global top_k: the scores of the B sampled labels (or of all K
 labels at evaluation) live on M shards; exchanging only each shard's k best
@@ -12,21 +12,6 @@ import jax
 import jax.numpy as jnp
 
 NEG_INF = -jnp.inf
-
-
-def masked_top_k(scores, valid, k: int):
-  """Top-k of `scores` (..., S) among entries where `valid`; invalid rank last.
-
-  Returns (values (..., k), indices (..., k), valid (..., k)). Invalid slots
-  carry value -inf and must be guarded with `jnp.where` before any arithmetic.
-  """
-  if k > scores.shape[-1]:
-    pad = k - scores.shape[-1]
-    widths = [(0, 0)] * (scores.ndim - 1) + [(0, pad)]
-    scores = jnp.pad(scores, widths)
-    valid = jnp.pad(valid, widths)
-  values, idx = jax.lax.top_k(jnp.where(valid, scores, NEG_INF), k)
-  return values, idx, jnp.take_along_axis(valid, idx, axis=-1)
 
 
 def all_gather_last_axis(x, axis_name):

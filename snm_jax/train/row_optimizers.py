@@ -26,6 +26,10 @@ from snm_jax.errors import ConfigError
 class RowOptimizer(NamedTuple):
   init: Callable
   update: Callable
+  # True when the update is stateless and linear in the gradient (plain SGD):
+  # duplicate ids then need no merge, and `apply_row_update` scatter-adds
+  # -lr * grad directly (no sort of the ids, no gather of the old rows).
+  additive: bool = False
 
 
 def sgd() -> RowOptimizer:
@@ -36,7 +40,7 @@ def sgd() -> RowOptimizer:
   def update(rows, grads, state, lr):
     return rows - lr * grads, state
 
-  return RowOptimizer(init, update)
+  return RowOptimizer(init, update, additive=True)
 
 
 def momentum(beta: float = 0.9, nesterov: bool = False) -> RowOptimizer:
@@ -87,11 +91,15 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer):
     grads: (T, h) gradient of each touched row (duplicates are summed).
     lr: scalar learning rate.
   Returns:
-    (table, state) with only the touched rows changed; cost O(T h + T log T).
+    (table, state) with only the touched rows changed; cost O(T h + T log T),
+    or O(T h) for an additive optimiser (SGD).
   """
   num_rows = table.shape[0]
   t = row_ids.shape[0]
   row_ids = jnp.where((row_ids >= 0) & (row_ids < num_rows), row_ids, num_rows)
+  if opt.additive:
+    step = (-lr * grads).astype(table.dtype)
+    return table.at[row_ids].add(step, mode="drop"), state
   unique, inverse = jnp.unique(row_ids, size=t, fill_value=num_rows, return_inverse=True)
   merged = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=t)
   rows = table.at[unique].get(mode="fill", fill_value=0)

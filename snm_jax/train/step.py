@@ -82,6 +82,25 @@ def _avg_top_k(values, mask, k):
   return s2m_loss(values, k, mask=mask)
 
 
+def _shared_valid_count(ids, label_set, num_labels):
+  """Per example, how many of the shared draws `ids` (S,) are valid negatives:
+  real labels (< num_labels) that are not in its `label_set` (n, L), padded < 0.
+
+  Equals `sum(valid, -1)` of the (n, S) mask, but costs O(S log S + n L log S)
+  instead of another pass over n x S: the draws are sorted once and every
+  label's number of occurrences among them found by binary search.
+  """
+  draws = jnp.sort(ids)
+  hits = (jnp.searchsorted(draws, label_set, side="right")
+          - jnp.searchsorted(draws, label_set, side="left"))
+  # A label listed twice in a row must be counted once, as the mask does.
+  col = jnp.arange(label_set.shape[1])
+  repeat = jnp.any((label_set[:, :, None] == label_set[:, None, :]) & (col[None, :] < col[:, None])[None],
+                   axis=-1)
+  hits = jnp.where((label_set >= 0) & ~repeat, hits, 0)
+  return jnp.sum(ids < num_labels) - jnp.sum(hits, axis=-1)
+
+
 def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     row_opt: RowOptimizer, table_lr: Callable, sampler: StratifiedSampler,
                     loss: LossSpec, mesh, normalize_classes: bool,
@@ -122,9 +141,11 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     strata = j * strata_per_shard + jnp.arange(strata_per_shard)
     cdf = cdf_l[0].reshape(strata_per_shard, -1) if has_cdf else None
     ids, log_q = sampler.sample_strata(key, strata, example_ids_l, cdf)
-    rows = jnp.take(table_l, ids - j * k_loc, axis=0)
+    # In range by construction (a shard draws from its own rows), hence "clip":
+    # it skips the out-of-range masking of the default mode.
+    rows = jnp.take(table_l, ids - j * k_loc, axis=0, mode="clip")
     owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
-    pos_rows = jnp.take(table_l, jnp.clip(labels_l - j * k_loc, 0, k_loc - 1), axis=0)
+    pos_rows = jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip")
     pos_rows = jnp.where(owned[:, None], pos_rows, 0.0)
     return ids, log_q, rows, pos_rows[None], owned[None]
 
@@ -139,9 +160,9 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     k_loc = table_l.shape[0]
     local = ids_l - j * k_loc
     mine = (local >= 0) & (local < k_loc)
-    rows = jnp.where(mine[..., None], jnp.take(table_l, jnp.clip(local, 0, k_loc - 1), axis=0), 0.0)
+    rows = jnp.where(mine[..., None], jnp.take(table_l, local, axis=0, mode="clip"), 0.0)
     owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
-    pos_rows = jnp.take(table_l, jnp.clip(labels_l - j * k_loc, 0, k_loc - 1), axis=0)
+    pos_rows = jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip")
     pos_rows = jnp.where(owned[:, None], pos_rows, 0.0)
     return rows[None], pos_rows[None], owned[None]
 
@@ -174,13 +195,19 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       mine = True
     hit = jnp.any(ids[:, :, None] == label_set_l[:, None, :], axis=-1)
     valid = (ids < num_labels) & ~hit & mine
+    if stratified and not per_example:
+      n_valid = _shared_valid_count(ids_l, label_set_l, num_labels)
+    else:
+      n_valid = jnp.sum(valid, axis=-1)
+    n_valid = jax.lax.psum(n_valid, MODEL)
     pos, scores = loss.scale * pos, loss.scale * scores
-    hardest = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(jnp.where(valid, scores, -jnp.inf), -1)), MODEL)
-    if loss.kind in ("bowl", "powl"):
-      per_ex, _ = sharded_losses.ordered_weighted_loss(
+    if loss.kind in ("bowl", "powl"):  # its top-k already holds the hardest negative
+      per_ex, hardest = sharded_losses.ordered_weighted_loss(
           pos, scores, valid, head_minus_tail=np.asarray(loss.head_minus_tail, np.float32),
           tail=loss.tail, phi=loss.phi, kind=loss.kind, axis_name=MODEL)
-    elif loss.kind == "sampled_softmax":
+      return per_ex, pos, hardest, n_valid
+    hardest = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(jnp.where(valid, scores, -jnp.inf), -1)), MODEL)
+    if loss.kind == "sampled_softmax":
       per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, log_q, log_q_pos=log_q_pos_l,
                                                    axis_name=MODEL)
     elif loss.kind == "full_softmax":
@@ -195,7 +222,6 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       per_ex = sharded_losses.nce_loss(pos, scores, valid, log_q, log_q_pos_l, axis_name=MODEL)
     else:
       raise ValueError(f"unknown loss kind {loss.kind!r}")
-    n_valid = jax.lax.psum(jnp.sum(valid, axis=-1), MODEL)
     return per_ex, pos, hardest, n_valid
 
   mined_loss_sm = jax.shard_map(
