@@ -9,16 +9,22 @@ the N x B scoring dominate), with N=256 examples, B=4096 shared uniform negative
 in V=8 strata, SNM top-k (k=16, BOWL, hinge, vartheta = 1/k on the 16 hardest)
 and L2-normalised class rows of width h=128. Variants:
   * sparse: `snm_jax.train.step.make_train_step` (the project's default step:
-    gradients w.r.t. the gathered rows only, row-wise SGD on the touched rows),
-    on a (1, 1) mesh, state donated;
+    the N x B scores only rank the negatives; the k selected ones are re-scored
+    from their gathered rows and only they are differentiated; row-wise SGD on
+    the touched rows), on a (1, 1) mesh, state donated;
+  * sparse_dense_grad: the same step with `LossSpec(dense_score_grad=True)`:
+    the gradient flows through all N x B scores (two more N B h matmuls), the
+    formulation that does 6 N B h FLOPs -- same result, for comparison;
   * dense:  the same loss, differentiated w.r.t. the whole (K, h) table and
     updated by `optax.sgd` (the O(K h)-per-step reference);
   * full_softmax: the project step with `loss.kind="full_softmax"` and the
     `full` sampler (every label scored; sparse row update of all K rows);
   * full_softmax_plain: q @ normalise(W)^T, `optax` softmax cross-entropy,
     dense gradient + `optax.sgd` -- the simplest full softmax.
-FLOPs counted: the scoring matmul, 2 N S h forward and twice that backward
-(S = B sampled, or K for full softmax), plus the tower's two layers, also x3.
+FLOPs counted are those each variant performs: the scoring matmul, 2 N S h
+forward and (except for `sparse`) twice that backward (S = B sampled, or K for
+full softmax); `sparse` instead re-scores and differentiates N k rows (6 N k h);
+plus the tower's two layers, x3.
 Memory: every configuration is compiled from abstract shapes first, and
 skipped (with a note) if XLA's buffer assignment exceeds the memory budget.
 The sparse variants are timed round-robin (one step of each K per round), so
@@ -58,10 +64,11 @@ class Shape:
 
 SIZES = {
     # The regression test runs "small" in-process; keep it well under 40 s.
-    "small": dict(sparse_ks=(10**4, 10**6), dense_ks=(10**4, 10**5), softmax_ks=(10**4,),
-                  reps=10, interleave_peak=False),
-    "full": dict(sparse_ks=(10**4, 10**5, 10**6, 10**7), dense_ks=(10**4, 10**5, 10**6, 10**7),
-                 softmax_ks=(10**4, 10**5, 10**6, 10**7), reps=10, interleave_peak=True),
+    "small": dict(sparse_ks=(10**4, 10**6), dense_grad_ks=(10**4,), dense_ks=(10**4, 10**5),
+                  softmax_ks=(10**4,), reps=10, interleave_peak=False),
+    "full": dict(sparse_ks=(10**4, 10**5, 10**6, 10**7), dense_grad_ks=(10**4, 10**6),
+                 dense_ks=(10**4, 10**5, 10**6, 10**7), softmax_ks=(10**4, 10**5, 10**6, 10**7),
+                 reps=10, interleave_peak=True),
 }
 TOWER_LR, TOWER_MOMENTUM, TABLE_LR = 0.1, 0.9, 0.5
 
@@ -74,10 +81,15 @@ def scoring_flops(s: Shape, num_scored: int) -> float:
   return 3 * 2.0 * s.n * num_scored * s.h
 
 
-def snm_loss_spec(s: Shape, num_labels: int) -> LossSpec:
+def rescored_top_k_flops(s: Shape) -> float:
+  """The default sparse step: rank all B (forward only), differentiate k."""
+  return 2.0 * s.n * s.b * s.h + 3 * 2.0 * s.n * s.k * s.h
+
+
+def snm_loss_spec(s: Shape, num_labels: int, dense_score_grad: bool = False) -> LossSpec:
   head, tail = losses.split_vartheta(losses.top_k_vartheta(s.k, s.b, num_labels, scale="mean"))
   return LossSpec(kind="bowl", phi=losses.hinge, head_minus_tail=tuple(float(x - tail) for x in head),
-                  tail=float(tail))
+                  tail=float(tail), dense_score_grad=dense_score_grad)
 
 
 class Bench:
@@ -144,8 +156,9 @@ def _device_batch(s, num_labels, mesh):
 
 
 def sparse_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET_BYTES,
-                 full_softmax: bool = False):
-  """The project's train step; `full_softmax` switches to the full sampler + softmax."""
+                 full_softmax: bool = False, dense_score_grad: bool = False):
+  """The project's train step; `full_softmax` switches to the full sampler + softmax,
+  `dense_score_grad` to the N x B score gradient."""
   tower, params = _tower_and_params(s)
   tx = optax.sgd(TOWER_LR, momentum=TOWER_MOMENTUM)
   ropt = row_optimizers.sgd()
@@ -154,7 +167,7 @@ def sparse_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET
     spec = LossSpec(kind="full_softmax")
   else:
     sampler = StratifiedSampler(num_labels, s.b, num_strata=s.num_strata)
-    spec = snm_loss_spec(s, num_labels)
+    spec = snm_loss_spec(s, num_labels, dense_score_grad)
   k_pad = sampler.padded_labels
 
   def init():
@@ -165,10 +178,13 @@ def sparse_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET
   step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda _: TABLE_LR,
                          sampler=sampler, loss=spec, mesh=mesh, normalize_classes=True, donate=True)
   args = (_device_batch(s, num_labels, mesh), jax.random.key(1))
-  scored = num_labels if full_softmax else s.b
-  name = "full_softmax" if full_softmax else "sparse"
-  return _build(name, step, init, args, mesh, num_labels,
-                scoring_flops(s, scored) + tower_flops(s), budget)
+  if full_softmax:
+    name, flops = "full_softmax", scoring_flops(s, num_labels)
+  elif dense_score_grad:
+    name, flops = "sparse_dense_grad", scoring_flops(s, s.b)
+  else:
+    name, flops = "sparse", rescored_top_k_flops(s)
+  return _build(name, step, init, args, mesh, num_labels, flops + tower_flops(s), budget)
 
 
 def dense_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET_BYTES,
@@ -229,33 +245,37 @@ def _row(bench, t, peak, table_bytes):
 
 
 def run_sparse_sweep(s: Shape, ks, reps, peak, mesh, budget=common.MEMORY_BUDGET_BYTES,
-                     profile: bool = False, interleave_peak: bool = False):
-  """All sparse steps built at once and timed round-robin, with the roofline
-  matmul as one more contestant of every round if `interleave_peak`.
+                     profile: bool = False, interleave_peak: bool = False, dense_grad_ks=()):
+  """All sparse steps (and the `dense_score_grad` variant at `dense_grad_ks`)
+  built at once and timed round-robin, with the roofline matmul as one more
+  contestant of every round if `interleave_peak`.
 
-  Returns (rows, op profile of the step at the largest K or [], interleaved peak or None)."""
+  Returns (rows, op profile of the default step at the largest K or [],
+  interleaved peak or None)."""
   benches, rows, prof = {}, [], []
-  for k in ks:
-    b = sparse_bench(s, k, mesh, budget=budget)
+  configs = [(k, False) for k in ks] + [(k, True) for k in dense_grad_ks]
+  for k, dense_grad in configs:
+    b = sparse_bench(s, k, mesh, budget=budget, dense_score_grad=dense_grad)
     if isinstance(b, dict):
       rows.append(b)
     else:
-      benches[k] = b
-  fns = {k: b.run for k, b in benches.items()}
+      benches[(k, dense_grad)] = b
+  fns = {key: b.run for key, b in benches.items()}
   if interleave_peak:
     fns["matmul"], mm_flops = common.matmul_fn()
   times = common.time_interleaved(fns, reps=reps)
   il_peak = common.peak_from_times(times["matmul"], mm_flops) if interleave_peak else None
-  for k, b in benches.items():
-    rows.append(_row(b, times[k], peak, k * s.h * 4))
+  for (k, dense_grad), b in benches.items():
+    rows.append(_row(b, times[(k, dense_grad)], peak, k * s.h * 4))
     if il_peak:
       rows[-1]["frac_of_interleaved_peak"] = rows[-1]["gflops"] / il_peak["gflops"]
-  if profile and benches:
-    b = benches[max(benches)]
+  default = [key for key in benches if not key[1]]
+  if profile and default:
+    b = benches[max(default)]
     prof = [{"K": b.num_labels, **r} for r in common.op_profile(b.run, b.compiled)]
   for b in benches.values():
     b.free()
-  return sorted(rows, key=lambda r: r["K"]), prof, il_peak
+  return sorted(rows, key=lambda r: (r["variant"], r["K"])), prof, il_peak
 
 
 def run_one(builder, s, k, reps, peak, mesh, budget=common.MEMORY_BUDGET_BYTES, **kw):
@@ -292,10 +312,14 @@ def scaling_summary(rows) -> dict:
                                                  "against": "the faster full-softmax variant"}
   # Against the matmul timed in the same rounds when available (robust to load drift).
   col = "frac_of_interleaved_peak" if sparse and "frac_of_interleaved_peak" in sparse[0] else "frac_of_peak"
-  fr = [r[col] for r in sparse]
-  if fr:
-    out["target_sparse_frac_of_peak"] = {"value": max(fr), "min": min(fr), "target": ">= 0.5",
-                                         "met": min(fr) >= 0.5, "column": col}
+  for variant in ("sparse", "sparse_dense_grad"):
+    fr = [r[col] for r in rows if r["variant"] == variant and not r.get("skipped")]
+    if fr:
+      out[f"target_{variant}_frac_of_peak"] = {"value": max(fr), "min": min(fr), "target": ">= 0.5",
+                                                "met": min(fr) >= 0.5, "column": col}
+  dense_grad = {r["K"]: r["time_ms"] for r in rows if r["variant"] == "sparse_dense_grad"}
+  out["sparse_speedup_over_dense_grad"] = {k: v / t("sparse", k) for k, v in dense_grad.items()
+                                           if t("sparse", k)}
   return out
 
 
@@ -307,7 +331,8 @@ def run(size: str = "small", out_dir: str | None = None, peak: dict | None = Non
   peak = peak or common.matmul_peak()
   rows, prof, il_peak = run_sparse_sweep(shape, cfg["sparse_ks"], cfg["reps"], peak, mesh,
                                          profile=include_references,
-                                         interleave_peak=cfg["interleave_peak"])
+                                         interleave_peak=cfg["interleave_peak"],
+                                         dense_grad_ks=cfg["dense_grad_ks"] if include_references else ())
   if include_references:
     for k in cfg["dense_ks"]:
       rows.append(run_one(dense_bench, shape, k, cfg["reps"], peak, mesh))

@@ -55,8 +55,12 @@ def _num_groups(width: int, k: int) -> int | None:
   return best[1] if best is not None and 4 * best[0] <= width else None
 
 
-def top_k_candidates(keys: jax.Array, k: int):
+def top_k_candidates(keys: jax.Array, k: int, valid: Optional[jax.Array] = None):
   """A small superset of the top-k of the last axis: (values (..., C), indices (..., C)).
+
+  With `valid`, the keys are `rank_key(keys, valid)`: the mask is applied
+  inside the group-max pass and to the gathered candidates, so the masked
+  (..., S) keys are never written out.
 
   Why: XLA's CPU TopK costs ~2.5 ns per element plus microseconds per row,
   more than the matmul that produced the scores (2 h FLOPs per element). With
@@ -72,31 +76,35 @@ def top_k_candidates(keys: jax.Array, k: int):
   groups = _num_groups(width, k)
   if groups is None:
     idx = jax.lax.broadcasted_iota(jnp.int32, keys.shape, keys.ndim - 1)
-    return keys, idx
+    return rank_key(keys, valid), idx
   *lead, _ = keys.shape
   per_group = width // groups
-  grouped = keys.reshape(*lead, per_group, groups)        # element i G + g -> [i, g]
-  _, group_ids = jax.lax.top_k(jnp.max(grouped, axis=-2), k)  # (..., k)
+  group = lambda x: x.reshape(*lead, per_group, groups)   # element i G + g -> [i, g]
+  grouped = group(keys)
+  masked = grouped if valid is None else rank_key(grouped, group(valid))
+  _, group_ids = jax.lax.top_k(jnp.max(masked, axis=-2), k)  # (..., k)
   # Indices come from top_k, so in range: no out-of-range masking needed.
   sel = jnp.broadcast_to(group_ids[..., None, :], (*lead, per_group, k))
-  cand = jnp.take_along_axis(grouped, sel, axis=-1, mode="promise_in_bounds")
+  pick = lambda x: jnp.take_along_axis(x, sel, axis=-1, mode="promise_in_bounds")
+  cand = pick(grouped) if valid is None else rank_key(pick(grouped), pick(group(valid)))
   idx = jnp.arange(per_group, dtype=jnp.int32)[:, None] * groups + sel
   return cand.reshape(*lead, per_group * k), idx.reshape(*lead, per_group * k)
 
 
-def top_k(keys: jax.Array, k: int):
-  """Exactly `jax.lax.top_k(keys, k)` (values; indices up to ties), faster for
-  k << width: a `lax.top_k` over `top_k_candidates` only.
+def top_k(keys: jax.Array, k: int, valid: Optional[jax.Array] = None):
+  """Exactly `jax.lax.top_k(rank_key(keys, valid), k)` (values; indices up to
+  ties), faster for k << width: a `lax.top_k` over `top_k_candidates` only.
 
   Args:
     keys: (..., S) float.
     k: static, 1 <= k <= S.
+    valid: optional (..., S) bool; invalid keys rank last.
   Returns:
     (values (..., k) non-increasing, indices (..., k) int32 into the last axis).
   """
   if _num_groups(keys.shape[-1], k) is None:
-    return jax.lax.top_k(keys, k)
-  cand, cand_idx = top_k_candidates(keys, k)
+    return jax.lax.top_k(rank_key(keys, valid), k)
+  cand, cand_idx = top_k_candidates(keys, k, valid)
   values, pos = jax.lax.top_k(cand, k)
   return values, jnp.take_along_axis(cand_idx, pos, axis=-1, mode="promise_in_bounds")
 
@@ -124,7 +132,7 @@ def masked_top_k(scores_xB: jax.Array, k: int, valid_xB: Optional[jax.Array] = N
   if k > scores_xB.shape[-1]:
     widths = [(0, 0)] * (scores_xB.ndim - 1) + [(0, k - scores_xB.shape[-1])]
     scores_xB, valid_xB = jnp.pad(scores_xB, widths), jnp.pad(valid_xB, widths)
-  _, idx = top_k(jax.lax.stop_gradient(rank_key(scores_xB, valid_xB)), k)
+  _, idx = top_k(jax.lax.stop_gradient(scores_xB), k, valid_xB)
   top = jnp.take_along_axis(scores_xB, idx, axis=-1, mode="promise_in_bounds")
   return top, jnp.take_along_axis(valid_xB, idx, axis=-1, mode="promise_in_bounds"), idx
 

@@ -41,7 +41,7 @@ def owl_terms(pos, neg, kind: str):
 
 
 def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, tail: float,
-                          phi, kind: str, axis_name=None):
+                          phi, kind: str, axis_name=None, score_at=None):
   """SNM loss of every example from sharded sampled scores.
 
   Args:
@@ -52,6 +52,12 @@ def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, ta
     tail: static constant weight c of every sampled negative.
     phi: elementwise margin surrogate.
     kind: "bowl" or "powl".
+    axis_name: the mesh axis the negatives are sharded over, or None.
+    score_at: optional `idx (n, k) -> (n, k)` recomputing, differentiably, the
+      scores at those positions of `scores` (e.g. from the gathered class rows).
+      When given and `tail == 0`, `scores` is only ranked and never
+      differentiated: the gradient reaches the k selected rows only, O(n k h),
+      instead of the two O(n S h) matmuls of a dense score gradient.
   Returns:
     (loss (n,), hardest (n,) top-1 sampled negative score or -inf).
   """
@@ -61,7 +67,11 @@ def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, ta
   if tail != 0.0:
     per_neg = jnp.where(valid, phi(owl_terms(pos, jnp.where(valid, scores, zero), kind)), zero)
     loss = loss + tail * _psum(jnp.sum(per_neg, axis=-1), axis_name)
-  top_vals, top_valid, top_ids = masked_top_k(scores, max(k, 1), valid)
+  if score_at is not None and tail == 0.0:
+    _, top_valid, top_ids = masked_top_k(jax.lax.stop_gradient(scores), max(k, 1), valid)
+    top_vals = score_at(top_ids)
+  else:
+    top_vals, top_valid, top_ids = masked_top_k(scores, max(k, 1), valid)
   if axis_name is not None:
     top_vals, top_ids, top_valid = merge_top_k_across(top_vals, top_ids, top_valid, max(k, 1), axis_name)
   if k > 0:

@@ -65,6 +65,11 @@ class LossSpec:
   phi: margin surrogate (callable).
   scale: scores are multiplied by it before the loss (a softmax temperature).
   reduction: "mean" or "s2m" (average of the top-`k_prime` per-example losses).
+  dense_score_grad: SNM only. False (default): when vartheta has no tail the
+    k selected scores are recomputed from their gathered rows and only they
+    are differentiated (O(N k h) backward). True: the gradient flows through
+    all N x S scores (two O(N S h) matmuls) -- the same gradient, kept as the
+    reference the benchmarks compare with.
   """
   kind: str
   phi: Callable | None = None
@@ -74,6 +79,7 @@ class LossSpec:
   reduction: str = "mean"
   k_prime: int = 0
   lam: float = 0.0
+  dense_score_grad: bool = False
 
 
 def _avg_top_k(values, mask, k):
@@ -183,21 +189,33 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       scores = scores * jax.lax.rsqrt(jnp.sum(jnp.square(rows), axis=-1) + 1e-12)
     return scores
 
+  def rescorer(q, rows, shared: bool):
+    """idx (n, k) -> scaled scores of those draws, from their gathered rows.
+    The top-k loss then differentiates k rows per example instead of all S."""
+    def score_at(idx):
+      picked = (jnp.take(rows, idx, axis=0, mode="clip") if shared
+                else jnp.take_along_axis(rows, idx[..., None], axis=1, mode="clip"))
+      return loss.scale * per_example_scores(q, picked)
+    return score_at
+
   def mined_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l):
     pos = jax.lax.psum(jnp.sum(q_l * class_rows(pos_rows_l[0]), axis=-1), MODEL)
     if not stratified:
       j = jax.lax.axis_index(MODEL)
       scores = per_example_scores(q_l, rows_l[0])
+      score_at = rescorer(q_l, rows_l[0], shared=False)
       ids, log_q = ids_l, log_q_l
       # A draw belongs to the shard whose row range holds it.
       rows_per_shard = table_rows // num_model
       mine = (ids >= j * rows_per_shard) & (ids < (j + 1) * rows_per_shard)
     elif per_example:
       scores = per_example_scores(q_l, rows_l)
+      score_at = rescorer(q_l, rows_l, shared=False)
       ids, log_q = ids_l, log_q_l
       mine = True
     else:
       scores = q_l @ class_rows(rows_l).T
+      score_at = rescorer(q_l, rows_l, shared=True)
       ids = jnp.broadcast_to(ids_l[None], scores.shape)
       log_q = jnp.broadcast_to(log_q_l[None], scores.shape)
       mine = True
@@ -212,7 +230,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     if loss.kind in ("bowl", "powl"):  # its top-k already holds the hardest negative
       per_ex, hardest = sharded_losses.ordered_weighted_loss(
           pos, scores, valid, head_minus_tail=np.asarray(loss.head_minus_tail, np.float32),
-          tail=loss.tail, phi=loss.phi, kind=loss.kind, axis_name=MODEL)
+          tail=loss.tail, phi=loss.phi, kind=loss.kind, axis_name=MODEL,
+          score_at=None if loss.dense_score_grad else score_at)
       return per_ex, pos, hardest, n_valid
     hardest = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(jnp.where(valid, scores, -jnp.inf), -1)), MODEL)
     if loss.kind == "sampled_softmax":
