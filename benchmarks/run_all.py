@@ -30,8 +30,8 @@ def _common_args(size, out_dir, peak):
 
 
 def _tree_sampler_args(size, out_dir, peak):
-  del peak  # its own flags: --out=FILE, --full adds C = 10^6
-  return [f"--out={os.path.join(out_dir, 'tree_sampler.json')}"] + (["--full"] if size == "full" else [])
+  del peak  # it reports no FLOP rates
+  return _common_args(size, out_dir, None)
 
 
 # module -> its command-line arguments, from (size, out_dir, matmul peak or None).
@@ -62,6 +62,9 @@ SUMMARY_COLUMNS = {
                      "frac_of_interleaved_peak", "table_MiB", "temp_bytes", "note"],
     "mining": ["variant", "B", "k", "queries", "time_ms", "min_ms", "queries_per_s", "gflops",
                "frac_of_peak"],
+    "tree_sampler": ["C", "N", "fit_s", "fit_cpu_s", "mean_rounds", "unconverged_levels", "test_log_lik",
+                     "uniform_log_lik", "samples_per_s", "log_prob_all_queries_per_s", "fit_peak_rss_GiB",
+                     "load_avg_1min"],
     "retrieval": ["variant", "K", "k", "row_block", "time_ms", "min_ms", "queries_per_s", "gflops", "frac_of_peak",
                   "frac_of_interleaved_peak", "temp_bytes", "rss_increase_bytes", "dense_scores_bytes"],
 }

@@ -1,99 +1,138 @@
-"""Fit time and sampling throughput of the adversarial tree sampler on synthetic data.
+r"""Fit time and sampling throughput of the adversarial tree sampler (issue 9).
 
-  .venv/bin/python benchmarks/tree_sampler.py --out /tmp/tree_sampler.json
-  .venv/bin/python benchmarks/tree_sampler.py --out /tmp/tree_sampler.json --full  # adds C = 10^6
+  python -m benchmarks.tree_sampler --size=small --out_dir=/tmp/snm_jax_bench   # C = 10^3, 10^4
+  python -m benchmarks.tree_sampler --size=full                                 # C = 10^4, 10^5, 10^6
 
-For each C: N = points_per_label * C training points from `planted_hierarchy`
-(k-dimensional, i.e. already "projected"), `fit_tree` wall time (compilation
-included: the fit is run once), test log-likelihood, then the throughput of
-jitted ancestral sampling (queries x samples per call) and of `log_prob_all`.
-Writes a JSON list (one dict per measurement, each with C, k, N, seconds) and
-prints a table. The load average and the process CPU time (all threads) are
-recorded because wall times on a shared machine depend on the load.
+For each number of labels C: N = 10 C training points (plus 4096 test points)
+from `planted_hierarchy` with k = 16 features (already "projected", the paper's
+PCA size), then
+  * `fit_tree` run once: wall and process CPU seconds (all threads; compilation
+    included), re-assignment rounds per level, and the process's peak resident
+    set during the fit (VmHWM, reset just before via /proc/self/clear_refs;
+    `fit_rss_before_bytes` is the resident set just before, so the fit's own
+    memory is the difference);
+  * test log-likelihood: mean log p(y|x) of the test points, against the uniform
+    distribution's -log C;
+  * jitted ancestral sampling (`sample_with_log_prob`): 1024 queries x 64
+    draws per call, a fresh key per call, in samples/s;
+  * `log_prob_all` (all C labels of each query, O(C k) per query): queries/s, on
+    at most 2^24 / L queries per call so that the (queries, L) table stays
+    <= 64 MB (16 queries at C = 10^6).
+Sampling and `log_prob_all` follow the common timing rule (median of `reps` >=
+10 calls after warm-up). The 1-minute load average is recorded before the fit,
+before each throughput measurement and in the machine description, since wall
+times on this shared machine depend on the load. `<out_dir>/tree_sampler.json`
+is rewritten after every C (with a "partial" note until the last), so a run
+killed at a large C keeps the smaller ones.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common
 from snm_jax import adversarial as adv
 
-_OUT = flags.DEFINE_string("out", None, "Path of the JSON results file.", required=True)
-_FULL = flags.DEFINE_bool("full", False, "Also run C = 10^6 (slow, ~7 GB of memory).")
-_K = flags.DEFINE_integer("k", 16, "Feature dimension (the paper's PCA size).")
-_POINTS_PER_LABEL = flags.DEFINE_integer("points_per_label", 10, "N / C for fitting.")
-_QUERIES = flags.DEFINE_integer("queries", 1024, "Batch of queries per sampling call.")
-_SAMPLES = flags.DEFINE_integer("samples", 64, "Negatives drawn per query.")
-_REPEATS = flags.DEFINE_integer("repeats", 20, "Timed sampling calls per C.")
+SIZES = {
+    "small": dict(cs=(10**3, 10**4), reps=10),
+    "full": dict(cs=(10**4, 10**5, 10**6), reps=20),
+}
+K, POINTS_PER_LABEL, TEST_POINTS = 16, 10, 4096
+QUERIES, SAMPLES = 1024, 64
+LOG_PROB_ALL_ENTRIES = 2**24  # queries x L of one log_prob_all call (64 MB of float32)
+COLUMNS = ["C", "N", "fit_s", "fit_cpu_s", "mean_rounds", "unconverged_levels", "test_log_lik",
+           "uniform_log_lik", "samples_per_s", "log_prob_all_queries_per_s", "fit_peak_rss_GiB",
+           "load_avg_1min"]
 
 
-def _timed(fn, repeats):
-  jax.block_until_ready(fn())  # compile
-  start = time.perf_counter()
-  for _ in range(repeats):
-    out = fn()
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / repeats
+def _load() -> float:
+  return round(os.getloadavg()[0], 2)
 
 
-def bench_one(c: int, k: int) -> list[dict]:
-  n = _POINTS_PER_LABEL.value * c
-  x, y = adv.planted_hierarchy(0, c, k, n + 4096)
-  x_tr, y_tr = x[:n], y[:n]
+def bench_one(c: int, reps: int) -> dict:
+  """All measurements at C = c labels: one row (see the module docstring)."""
+  n = POINTS_PER_LABEL * c
+  common.reset_peak_rss()
+  rss0 = common.rss_bytes()
+  x, y = adv.planted_hierarchy(0, c, K, n + TEST_POINTS)
+  data_peak = common.peak_rss_bytes()
   x_te, y_te = jnp.asarray(x[n:]), jnp.asarray(y[n:])
-  load = os.getloadavg()[0]
+
+  load = _load()
+  common.reset_peak_rss()
+  rss_before = common.rss_bytes()
   start, cpu_start = time.perf_counter(), time.process_time()
-  tree, reports = adv.fit_tree(x_tr, y_tr, c)
+  tree, reports = adv.fit_tree(x[:n], y[:n], c)
   jax.block_until_ready(tree)
   fit_s, fit_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+  fit_peak = common.peak_rss_bytes()
+  del x, y
   test_ll = float(jnp.mean(adv.log_prob(tree, x_te, y_te[:, None])))
-  entries = [dict(
-      kind="fit", C=c, k=k, N=n, seconds=fit_s, cpu_seconds=fit_cpu_s, load_avg_1min=load,
-      depth=tree.depth,
-      reassign_rounds=[r.iterations for r in reports],
+  rounds = [r.iterations for r in reports]
+  row = dict(
+      C=c, k=K, N=n, depth=tree.depth, fit_s=fit_s, fit_cpu_s=fit_cpu_s, load_avg_1min=load,
+      reassign_rounds=rounds, mean_rounds=float(np.mean(rounds)),
       unconverged_levels=sum(not r.converged for r in reports),
       level_seconds=[round(r.seconds, 3) for r in reports],
-      test_log_lik=test_ll, uniform_log_lik=-float(np.log(c)))]
+      test_points=TEST_POINTS, test_log_lik=test_ll, uniform_log_lik=-float(np.log(c)),
+      data_peak_rss_increase_bytes=max(data_peak - rss0, 0),
+      fit_rss_before_bytes=rss_before, fit_peak_rss_bytes=fit_peak,
+      fit_peak_rss_GiB=round(fit_peak / common.GIB, 3))
 
-  q, s = _QUERIES.value, _SAMPLES.value
-  xq = x_te[:q]
-  keys = iter(jax.random.split(jax.random.key(0), _REPEATS.value + 1))
-  sec = _timed(lambda: adv.sample_with_log_prob(tree, xq, next(keys), s), _REPEATS.value)
-  entries.append(dict(kind="sample", C=c, k=k, N=q, S=s, seconds=sec,
-                      samples_per_s=q * s / sec, load_avg_1min=os.getloadavg()[0]))
-  qa = max(1, min(q, 2**24 // tree.num_leaves))  # keep the (queries, L) table <= 64 MB
-  sec = _timed(lambda: adv.log_prob_all(tree, xq[:qa]), 5)
-  entries.append(dict(kind="log_prob_all", C=c, k=k, N=qa, seconds=sec,
-                      queries_per_s=qa / sec, load_avg_1min=os.getloadavg()[0]))
-  return entries
+  xq = x_te[:QUERIES]
+  keys = iter(jax.random.split(jax.random.key(0), reps + 2))  # 2 warm-up calls + reps
+  row["sample_load_avg_1min"] = _load()
+  t = common.time_fn(lambda: adv.sample_with_log_prob(tree, xq, next(keys), SAMPLES), reps=reps)
+  row.update(sample_queries=xq.shape[0], sample_draws=SAMPLES, sample_s=t["median_s"],
+             sample_min_s=t["min_s"], samples_per_s=xq.shape[0] * SAMPLES / t["median_s"])
+
+  qa = max(1, min(QUERIES, LOG_PROB_ALL_ENTRIES // tree.num_leaves))
+  row["log_prob_all_load_avg_1min"] = _load()
+  t = common.time_fn(lambda: adv.log_prob_all(tree, xq[:qa]), reps=reps)
+  row.update(log_prob_all_queries=qa, log_prob_all_s=t["median_s"],
+             log_prob_all_min_s=t["min_s"], log_prob_all_queries_per_s=qa / t["median_s"])
+  return row
+
+
+def run(size: str = "small", out_dir: str | None = None, cs=None) -> dict:
+  """Every C of `SIZES[size]` (or `cs`); prints the table and writes the JSON."""
+  cfg = dict(SIZES[size])
+  if cs is not None:
+    cfg["cs"] = tuple(cs)
+  config = {**cfg, "k": K, "points_per_label": POINTS_PER_LABEL, "test_points": TEST_POINTS,
+            "queries": QUERIES, "samples": SAMPLES, "log_prob_all_entries": LOG_PROB_ALL_ENTRIES,
+            "fit_defaults": "reg=0.1, max_reassign_iters=10, newton_steps=1, polish_steps=3"}
+  notes = ["fit_s includes compilation (the fit runs once per C)",
+           "fit_peak_rss_GiB: the whole process's peak resident set during the fit "
+           "(training data and earlier allocations included)"]
+  rows = []
+  for c in cfg["cs"]:
+    rows.append(bench_one(c, cfg["reps"]))
+    r = rows[-1]
+    print(f"C={c}: fit {r['fit_s']:.1f} s (cpu {r['fit_cpu_s']:.1f} s, peak RSS "
+          f"{r['fit_peak_rss_GiB']:.2f} GiB), test LL {r['test_log_lik']:.3f} "
+          f"(uniform {r['uniform_log_lik']:.3f}), {r['samples_per_s']:.3g} samples/s, "
+          f"log_prob_all {r['log_prob_all_queries_per_s']:.3g} q/s, load {r['load_avg_1min']}",
+          flush=True)
+    if out_dir and c != cfg["cs"][-1]:  # kept if a larger C is killed
+      common.write_json(out_dir, "tree_sampler", {
+          "benchmark": "tree_sampler", "size": size, "machine": common.machine_description(),
+          "matmul_peak": None, "config": config, "results": rows,
+          "notes": notes + [f"partial: C = {cfg['cs'][len(rows)]} and larger still running "
+                            "or killed"]})
+  return common.report("tree_sampler", size, config, rows, COLUMNS, None, notes=notes,
+                       out_dir=out_dir)
 
 
 def main(argv):
   del argv
-  sizes = [10**3, 10**4, 10**5] + ([10**6] if _FULL.value else [])
-  results = []
-  print(f"{'C':>8} {'N':>9} {'fit s':>8} {'cpu s':>8} {'rounds/level':>13} {'unconv':>6} {'test LL':>8} "
-        f"{'uniform':>8} {'samples/s':>11} {'logp_all q/s':>12} {'load':>5}")
-  for c in sizes:
-    fit_e, samp_e, all_e = bench_one(c, _K.value)
-    results += [fit_e, samp_e, all_e]
-    print(f"{c:>8} {fit_e['N']:>9} {fit_e['seconds']:>8.1f} {fit_e['cpu_seconds']:>8.1f} "
-          f"{np.mean(fit_e['reassign_rounds']):>13.1f} {fit_e['unconverged_levels']:>6} "
-          f"{fit_e['test_log_lik']:>8.2f} {fit_e['uniform_log_lik']:>8.2f} "
-          f"{samp_e['samples_per_s']:>11.3g} {all_e['queries_per_s']:>12.3g} "
-          f"{fit_e['load_avg_1min']:>5.1f}", flush=True)
-    with open(_OUT.value, "w") as f:  # rewritten after every size, so partial runs are kept
-      json.dump(dict(jax_version=jax.__version__, cpu_count=os.cpu_count(),
-                     points_per_label=_POINTS_PER_LABEL.value, results=results), f, indent=1)
+  run(common.SIZE.value, common.OUT_DIR.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(main)

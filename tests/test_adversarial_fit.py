@@ -28,10 +28,9 @@ def _np_objective(theta, xa, zeta, reg):
 def test_newton_step_increases_node_objective_and_reaches_the_optimum():
   xa, zeta, node = _node_problem()
   reg, m = 0.1, 3
-  args = (jnp.asarray(xa, jnp.float32), fit.upper_outer_products(jnp.asarray(xa, jnp.float32)),
-          jnp.asarray(zeta, jnp.float32), jnp.asarray(node))
+  args = (jnp.asarray(xa, jnp.float32), jnp.asarray(zeta, jnp.float32), jnp.asarray(node))
   step = jax.jit(lambda th: fit.newton_step(th, *args, reg))
-  objective = jax.jit(lambda th: fit.node_objective(th, args[0], args[2], args[3], reg))
+  objective = jax.jit(lambda th: fit.node_objective(th, *args, reg))
   theta = jnp.zeros((m, 3))
   values = [np.asarray(objective(theta))]
   for _ in range(8):
@@ -47,6 +46,31 @@ def test_newton_step_increases_node_objective_and_reaches_the_optimum():
     ref = scipy.optimize.minimize(lambda t: -_np_objective(t, xa[sel], zeta[sel], reg),
                                   np.zeros(3), method="BFGS", options=dict(gtol=1e-8))
     np.testing.assert_allclose(theta[n], ref.x, atol=2e-3)
+
+
+def test_chunked_segment_sums_equal_one_segment_sum():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(50, 3)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=50), jnp.float32)
+  ids = jnp.asarray(rng.integers(0, 6, 50))  # id 5 is out of range for 5 segments: dropped
+  make = lambda x, w: (w[:, None] * x, fit.upper_outer_products(x))
+  want = [jax.ops.segment_sum(u, ids, 5) for u in make(x, w)]
+  for chunk in (7, 25, 50, 64):  # with and without a remainder, one chunk, no full chunk
+    got = jax.jit(lambda x, w, ids: fit._chunked_segment_sums(make, (x, w), ids, 5, chunk))(
+        x, w, ids)
+    for g, e in zip(got, want):
+      np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+
+
+def test_newton_step_does_not_depend_on_the_chunk():
+  xa, zeta, node = _node_problem(seed=1, num_nodes=4, n=300, k=3)
+  args = (jnp.asarray(xa, jnp.float32), jnp.asarray(zeta, jnp.float32), jnp.asarray(node))
+  theta = jnp.asarray(np.random.default_rng(2).normal(size=(4, 4)) * 0.1, jnp.float32)
+  steps = [jax.jit(lambda th, c=c: fit.newton_step(th, *args, 0.1, chunk=c))(theta)
+           for c in (300, 64, 7)]
+  # Rows are scattered in the same order whatever the chunk: the same floats on CPU.
+  for s in steps[1:]:
+    np.testing.assert_array_equal(s, steps[0])
 
 
 def test_reassign_is_a_median_split_by_delta():

@@ -16,15 +16,21 @@ is reached. w starts as the dominant eigenvector of the covariance of the
 node's per-label sums S_y, b = 0; the first step is a re-assignment.
 
 Each tree level is one jitted call over all 2^l nodes of the level (a
-`lax.while_loop` over rounds): points are grouped by node with segment sums, the
-Hessians come from x x^T upper triangles precomputed once per fit (N (k+1)(k+2)/2
-floats: 0.6 GB for N = 10^6, k = 16), and labels are re-assigned by one lexsort of
-the (node, Delta) keys over all leaf slots. Node arrays are padded to a few bucket
+`lax.while_loop` over rounds): points are grouped by node with segment sums, and
+labels are re-assigned by one lexsort of the (node, Delta) keys over all leaf
+slots. The gradient and Hessian segment sums run over chunks of `_POINT_CHUNK`
+points (`_chunked_segment_sums`), each chunk forming its own x x^T upper
+triangles, so no (N, (k+1)(k+2)/2) array is ever held: precomputed, that array alone
+was 6.1 GB for N = 10^7, k = 16 (C = 10^6), plus as much again for its weighted
+copy. The chunks are scattered into the running sums in point order, and XLA:CPU's
+scatter adds rows in order, so the sums are the same floats as one unchunked
+segment sum (fitted trees at C = 10^4 and 10^5 were bit-identical to those of the
+precomputing version). Node arrays are padded to a few bucket
 sizes (`_bucket`), so a fit compiles the level function at most three times for
 C <= 10^6. A node's set of points is fixed while its level is fitted (labels only
 swap halves within a node), so rounds never move points between nodes.
 
-Cost per Newton step: O(N k^2) (one pass over the precomputed products); per
+Cost per Newton step: O(N k^2) (one chunked pass forming the products); per
 re-assignment: O(N + L k). Defaults: `max_reassign_iters` = 10 rounds of one
 Newton step each, then `polish_steps` = 3 more; levels that hit the cap are
 reported (`LevelReport.labels_moved_last` > 0) and logged.
@@ -53,6 +59,10 @@ _POWER_ITERS = 20
 # Node arrays at level l are padded to a bucket size (see `_bucket`): a few compilations
 # instead of one per level, and no L/2-sized Cholesky solves at the top levels.
 _NODE_BUCKET = 32
+# Points (or labels) per chunk of the O(N k^2) segment sums: the per-chunk temporaries
+# are _POINT_CHUNK * (k+1)(k+2)/2 floats (10 MB for k = 16: chunks of 2^12 to 2^16 points
+# measured alike; the scan adds 0 to 20% to a level's time against the unchunked sums).
+_POINT_CHUNK = 1 << 14
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,25 +94,50 @@ def node_objective(theta_MxK1, xa_NxK1, zeta_N, node_N, reg):
 
 
 def upper_outer_products(xa_NxK1):
-  """(N, T) upper triangles of x_i x_i^T, T = (k+1)(k+2)/2; computed once per fit.
-
-  Storing them (N * T * 4 bytes, ~0.6 GB for N = 10^6, k = 16) turns each Newton
-  step's Hessian into one weighted segment sum instead of rebuilding N outer products.
-  """
+  """(N, T) upper triangles of x_i x_i^T, T = (k+1)(k+2)/2 (row-major `np.triu_indices`)."""
   iu, ju = np.triu_indices(xa_NxK1.shape[1])
   return xa_NxK1[:, iu] * xa_NxK1[:, ju]
 
 
-def newton_step(theta_MxK1, xa_NxK1, outer_NxT, zeta_N, node_N, reg):
+def _chunked_segment_sums(make_updates, operands, segment_ids_N, num_segments,
+                          chunk=_POINT_CHUNK):
+  """`segment_sum(u, segment_ids_N, num_segments)` for each u in `make_updates(*operands)`,
+  without ever forming the (N, ...) updates: `make_updates` is applied to chunks of
+  `chunk` rows of the (N, ...) `operands` (a `lax.scan` over the full chunks, then the
+  remainder), each chunk scattered into the running sums. The scatter adds the rows in
+  their order, as one unchunked `segment_sum` does, so the result is the same.
+  Out-of-range ids are dropped (like `segment_sum`). Returns a tuple of (num_segments, ...).
+  """
+  n = segment_ids_N.shape[0]
+  shapes = jax.eval_shape(make_updates, *[a[:1] for a in operands])
+  acc = tuple(jnp.zeros((num_segments,) + s.shape[1:], s.dtype) for s in shapes)
+
+  def add(acc, rows, ids):
+    return tuple(a.at[ids].add(u, mode="drop") for a, u in zip(acc, make_updates(*rows)))
+
+  num_full = n // chunk
+  if num_full:
+    def body(acc, i):
+      take = lambda a: jax.lax.dynamic_slice_in_dim(a, i * chunk, chunk, 0)
+      return add(acc, [take(a) for a in operands], take(segment_ids_N)), None
+    acc, _ = jax.lax.scan(body, acc, jnp.arange(num_full, dtype=jnp.int32))
+  if n % chunk:
+    rest = slice(num_full * chunk, n)
+    acc = add(acc, [a[rest] for a in operands], segment_ids_N[rest])
+  return acc
+
+
+def newton_step(theta_MxK1, xa_NxK1, zeta_N, node_N, reg, *, chunk=_POINT_CHUNK):
   """One damped Newton ascent step on every node's L_n at once.
 
   Args:
     theta_MxK1: (M, k+1) per-node [w, b].
     xa_NxK1: (N, k+1) points with a trailing 1.
-    outer_NxT: (N, T) `upper_outer_products(xa_NxK1)`.
     zeta_N: (N,) +1 / -1, the side of each point's label in its node.
     node_N: (N,) int node index in [0, M) of each point.
     reg: lambda_n.
+    chunk: points per chunk of the gradient / Hessian segment sums (memory
+      O(chunk k^2) instead of O(N k^2); the result does not depend on it).
 
   Returns:
     (M, k+1) new parameters: theta + t * H^-1 grad with, per node, the step size t
@@ -111,10 +146,13 @@ def newton_step(theta_MxK1, xa_NxK1, outer_NxT, zeta_N, node_N, reg):
   m, k1 = theta_MxK1.shape
   s_N = jnp.sum(xa_NxK1 * theta_MxK1[node_N], -1)
   z_N = zeta_N * s_N
-  grad_MxK1 = (jax.ops.segment_sum((zeta_N * jax.nn.sigmoid(-z_N))[:, None] * xa_NxK1, node_N, m)
-               - 2.0 * reg * theta_MxK1)
+  g_N = zeta_N * jax.nn.sigmoid(-z_N)
   r_N = jax.nn.sigmoid(z_N) * jax.nn.sigmoid(-z_N)
-  upper_MxT = jax.ops.segment_sum(r_N[:, None] * outer_NxT, node_N, m)
+  # Per node: sum of g x (gradient) and of r x x^T (upper triangle of -Hessian).
+  sum_gx_MxK1, upper_MxT = _chunked_segment_sums(
+      lambda xa, g, r: (g[:, None] * xa, r[:, None] * upper_outer_products(xa)),
+      (xa_NxK1, g_N, r_N), node_N, m, chunk)
+  grad_MxK1 = sum_gx_MxK1 - 2.0 * reg * theta_MxK1
   iu, ju = np.triu_indices(k1)
   sym_idx = np.zeros((k1, k1), np.int32)
   sym_idx[iu, ju] = sym_idx[ju, iu] = np.arange(len(iu))
@@ -168,8 +206,10 @@ def _eig_init(label_at_slot_L, sums_Cxk, shift, num_nodes):
   node_C = _slot_of_label(label_at_slot_L, c) >> shift
   cnt_M = jnp.maximum(jax.ops.segment_sum(jnp.ones(c), node_C, num_nodes), 1.0)
   mean_Mxk = jax.ops.segment_sum(sums_Cxk, node_C, num_nodes) / cnt_M[:, None]
-  second_Mxkxk = jax.ops.segment_sum(sums_Cxk[:, :, None] * sums_Cxk[:, None, :], node_C,
-                                     num_nodes) / cnt_M[:, None, None]
+  # Chunked: the (C, k, k) products would be 1 GB for C = 10^6, k = 16.
+  second_Mxkxk, = _chunked_segment_sums(lambda s: (s[:, :, None] * s[:, None, :],),
+                                        (sums_Cxk,), node_C, num_nodes)
+  second_Mxkxk = second_Mxkxk / cnt_M[:, None, None]
   cov_Mxkxk = second_Mxkxk - mean_Mxk[:, :, None] * mean_Mxk[:, None, :]
   # Power iteration: batched eigh on up to L/2 tiny matrices per level is far slower.
   cov_Mxkxk = cov_Mxkxk / jnp.maximum(jnp.trace(cov_Mxkxk, axis1=1, axis2=2), 1e-30)[:, None, None]
@@ -184,7 +224,7 @@ def _eig_init(label_at_slot_L, sums_Cxk, shift, num_nodes):
 
 
 @functools.partial(jax.jit, static_argnames=("num_nodes",))
-def _fit_level(xa_NxK1, outer_NxT, labels_N, label_at_slot_L, sums_Cxk, counts_C, shift, reg,
+def _fit_level(xa_NxK1, labels_N, label_at_slot_L, sums_Cxk, counts_C, shift, reg,
                max_iters, newton_steps, polish_steps, *, num_nodes):
   """Fits all nodes of one level; returns (theta (num_nodes, k+1), label_at_slot, iters, moved)."""
   c = sums_Cxk.shape[0]
@@ -192,7 +232,7 @@ def _fit_level(xa_NxK1, outer_NxT, labels_N, label_at_slot_L, sums_Cxk, counts_C
   def newton(n_steps, theta, las):
     zeta_N, node_N = _points_in_level(las, labels_N, c, shift)
     return jax.lax.fori_loop(
-        0, n_steps, lambda _, th: newton_step(th, xa_NxK1, outer_NxT, zeta_N, node_N, reg), theta)
+        0, n_steps, lambda _, th: newton_step(th, xa_NxK1, zeta_N, node_N, reg), theta)
 
   def body(carry):
     theta, las, it, _ = carry
@@ -214,6 +254,11 @@ def _label_stats(x_Nxk, labels_N, num_labels):
   """Per-label feature sums S_y (C, k) and point counts n_y (C,)."""
   return (jax.ops.segment_sum(x_Nxk, labels_N, num_labels),
           jax.ops.segment_sum(jnp.ones_like(labels_N, jnp.float32), labels_N, num_labels))
+
+
+@jax.jit
+def _append_ones(x_Nxk):
+  return jnp.concatenate([x_Nxk, jnp.ones((x_Nxk.shape[0], 1), x_Nxk.dtype)], -1)
 
 
 def _bucket(num_nodes, max_nodes):
@@ -267,14 +312,14 @@ def fit_tree(x_Nxk, labels_N, num_labels: int, *, reg: float = 0.1,
 
   labels = jnp.asarray(labels_np, jnp.int32)
   sums_Cxk, counts_C = _label_stats(x_Nxk, labels, num_labels=num_labels)
-  xa_NxK1 = jnp.concatenate([x_Nxk, jnp.ones((x_Nxk.shape[0], 1), jnp.float32)], -1)
-  outer_NxT = jax.jit(upper_outer_products)(xa_NxK1)
+  xa_NxK1 = _append_ones(x_Nxk)
+  del x_Nxk  # only xa is used from here on (frees the device copy of x)
   theta_LxK1 = np.zeros((num_leaves, k + 1), np.float32)
   reports = []
   for level in range(depth):
     t0 = time.perf_counter()
     theta, label_at_slot, iters, moved = _fit_level(
-        xa_NxK1, outer_NxT, labels, label_at_slot, sums_Cxk, counts_C, jnp.int32(depth - level),
+        xa_NxK1, labels, label_at_slot, sums_Cxk, counts_C, jnp.int32(depth - level),
         jnp.float32(reg), jnp.int32(max_reassign_iters), jnp.int32(newton_steps),
         jnp.int32(polish_steps), num_nodes=_bucket(1 << level, num_leaves // 2))
     theta_LxK1[1 << level:2 << level] = np.asarray(theta)[:1 << level]
