@@ -55,8 +55,10 @@ def make_miner(num_labels: int, b: int, k: int, per_example: bool):
     n = queries.shape[0]
     if per_example:
       ids_NxB, _ = sampler.sample_strata(key, strata, jnp.arange(n, dtype=jnp.int32))
-      rows_NxBxH = l2_normalize(jnp.take(table, ids_NxB, axis=0))
-      scores_NxB = jnp.einsum("nh,nbh->nb", queries, rows_NxBxH)
+      rows_NxBxH = jnp.take(table, ids_NxB, axis=0)
+      # As the train step does: normalise the (n, B) scores, not the (n, B, h) rows.
+      scores_NxB = (jnp.einsum("nh,nbh->nb", queries, rows_NxBxH)
+                    * jax.lax.rsqrt(jnp.sum(jnp.square(rows_NxBxH), axis=-1) + 1e-12))
     else:
       ids_B, _ = sampler.sample_strata(key, strata)
       rows_BxH = l2_normalize(jnp.take(table, ids_B, axis=0))

@@ -5,6 +5,7 @@ entries are ranked last and contribute exactly 0; they may hold any value
 (even inf/NaN) without producing NaN gradients.
 """
 
+import functools
 from typing import Optional
 
 import jax
@@ -55,6 +56,16 @@ def _num_groups(width: int, k: int) -> int | None:
   return best[1] if best is not None and 4 * best[0] <= width else None
 
 
+def _max_over_groups(grouped):
+  """max over axis -2 of (..., P, G). For small P as a chain of elementwise
+  maxima: XLA:CPU then fuses the producer (e.g. the validity mask) into one
+  pass, where a reduce would first write the masked keys out (2x slower)."""
+  per_group = grouped.shape[-2]
+  if per_group > 64:
+    return jnp.max(grouped, axis=-2)
+  return functools.reduce(jnp.maximum, [grouped[..., i, :] for i in range(per_group)])
+
+
 def top_k_candidates(keys: jax.Array, k: int, valid: Optional[jax.Array] = None):
   """A small superset of the top-k of the last axis: (values (..., C), indices (..., C)).
 
@@ -82,7 +93,7 @@ def top_k_candidates(keys: jax.Array, k: int, valid: Optional[jax.Array] = None)
   group = lambda x: x.reshape(*lead, per_group, groups)   # element i G + g -> [i, g]
   grouped = group(keys)
   masked = grouped if valid is None else rank_key(grouped, group(valid))
-  _, group_ids = jax.lax.top_k(jnp.max(masked, axis=-2), k)  # (..., k)
+  _, group_ids = jax.lax.top_k(_max_over_groups(masked), k)  # (..., k)
   # Indices come from top_k, so in range: no out-of-range masking needed.
   sel = jnp.broadcast_to(group_ids[..., None, :], (*lead, per_group, k))
   pick = lambda x: jnp.take_along_axis(x, sel, axis=-1, mode="promise_in_bounds")
