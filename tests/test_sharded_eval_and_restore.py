@@ -72,6 +72,34 @@ def test_sharded_retrieval_equals_dense_reference(mesh_shape, k, normalize, with
   np.testing.assert_allclose(np.asarray(vals), ref_vals, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mesh_shape,with_bias", [((1, 1), False), ((2, 4), True)])
+def test_filtered_merge_for_large_k_equals_dense_reference(mesh_shape, with_bias):
+  """k >= 32 takes the filtered merge: early blocks fall back to TopK, later ones
+  insert the few scores beating the buffer's minimum (both branches run here:
+  40 blocks of 256 rows per shard, k = 40)."""
+  from snm_jax.mining import retrieval  # pylint: disable=g-import-not-at-top
+  num_labels, k, rows = 20_000, 40, 256
+  rng = np.random.default_rng(2)
+  queries = rng.normal(size=(16, 8)).astype(np.float32)
+  table = rng.normal(size=(20_480, 8)).astype(np.float32)
+  extra = rng.normal(size=(16,)).astype(np.float32)
+  mesh = sharding.make_mesh(mesh_shape)
+  retrieve = make_top_k_retrieval(mesh, k=k, num_labels=num_labels, row_block=rows,
+                                  bias_fn=_bias if with_bias else None)
+  assert k >= retrieval._FILTER_MIN_K and rows // retrieval._GROUP >= retrieval._MAX_GROUPS
+  vals, ids = retrieve(jax.device_put(queries, sharding.named(mesh, jax.P(sharding.DATA, None))),
+                       jax.device_put(table, sharding.named(mesh, sharding.TABLE)),
+                       jax.device_put(extra, sharding.named(mesh, jax.P(sharding.DATA))) if with_bias
+                       else None)
+  tn = table[:num_labels].astype(np.float64)
+  s = queries.astype(np.float64) @ (tn / np.sqrt((tn ** 2).sum(1, keepdims=True) + 1e-12)).T
+  if with_bias:
+    s = s + extra[:, None] * np.cos(np.arange(num_labels, dtype=np.float32))[None, :]
+  ref_ids = np.argsort(-s, axis=1, kind="stable")[:, :k]
+  np.testing.assert_array_equal(np.asarray(ids), ref_ids)
+  np.testing.assert_allclose(np.asarray(vals), np.take_along_axis(s, ref_ids, 1), rtol=1e-5, atol=1e-5)
+
+
 def test_retrieval_with_fewer_labels_than_k_marks_missing_slots():
   mesh = sharding.make_mesh((2, 4))
   rng = np.random.default_rng(1)

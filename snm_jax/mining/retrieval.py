@@ -9,6 +9,7 @@ sampler's bias removal (Bamler & Mandt Eq. 5), is evaluated block by block.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -23,15 +24,108 @@ from snm_jax.sharding import DATA, MODEL
 P = jax.P
 
 
+# Filtered merge (large k): strided groups of _GROUP scores, at most _MAX_GROUPS
+# groups per row taken as candidates. Below _FILTER_MIN_K the grouped top-k of
+# `top_k_candidates` is cheaper.
+_GROUP, _MAX_GROUPS, _FILTER_MIN_K = 8, 16, 32
+
+
+def _top_k_merge(vals, ids, s, keep, gid, k):
+  """(vals, ids) (n, k) merged with a block's scores s (n, r) of labels gid (r,),
+  columns with keep (r,) False excluded, by one top_k over the block's
+  `top_k_candidates` and the carry."""
+  n, r = s.shape
+  s = jnp.where(keep[None, :], s, -jnp.inf)
+  cand, cand_pos = top_k_candidates(s, min(k, r))
+  cand_ids = (jnp.broadcast_to(gid[None], (n, r)) if cand.shape[1] == r  # not grouped
+              else jnp.take(gid, cand_pos, mode="clip"))
+  all_ids = jnp.concatenate([ids, cand_ids], axis=1)
+  top, pos = jax.lax.top_k(jnp.concatenate([vals, cand], axis=1), k)
+  return top, jnp.take_along_axis(all_ids, pos, axis=1)
+
+
+def _first_index(x, value):
+  """Per row, the first column where x (n, m) equals value (n,): a min over an
+  iota, which XLA:CPU runs as one plain reduction (argmax is a slower variadic one)."""
+  iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+  return jnp.min(jnp.where(x == value[:, None], iota, x.shape[1]), axis=1)
+
+
+def _filtered_merge(vals, ids, s, keep, gid, k):
+  """Exact merge for large k that avoids XLA:CPU's TopK on most blocks.
+
+  Why: TopK costs ~16 us per row at k = 100, more than the block's matmul. Once
+  the carry (an unsorted buffer of the k best so far) is full, few scores of a
+  block beat its minimum. Each row's groups {i G + g} whose max beats that
+  minimum are compacted (a prefix count, no TopK); if no row has more
+  than _MAX_GROUPS of them, their scores are inserted one at a time in
+  descending order, each replacing the buffer's minimum, until no candidate
+  beats it (a while loop of O(n (k + candidates)) per insertion). Otherwise
+  (early blocks) the block is merged by `_top_k_merge` under `lax.cond`. The
+  result is the exact set of the k best (as values), unsorted.
+  """
+  n, r = s.shape
+  groups = r // _GROUP
+  grouped = s.reshape(n, _GROUP, groups)                  # score i G + g -> [i, g]
+  keep_g = keep.reshape(_GROUP, groups)
+  # A chain of maxima with the column mask inside: one fused pass over s.
+  group_max = functools.reduce(jnp.maximum, [jnp.where(keep_g[i][None], grouped[:, i], -jnp.inf)
+                                             for i in range(_GROUP)])
+  floor = jnp.min(vals, axis=1)                           # (n,) the buffer's minimum
+  above = group_max > floor[:, None]
+  count = jnp.sum(above, axis=1)
+
+  def insert(vals, ids):
+    # The (j+1)-th group above the floor is at index #{g : running count <= j}.
+    # On XLA:CPU: associative_scan (log-depth elementwise passes) beats cumsum
+    # (a reduce-window); the count is summed in float32 (exact below 2^24), as
+    # integer reductions are much slower; a bisection on the running counts got
+    # fused into the gathers below and recomputed per gathered element.
+    ranks = jax.lax.associative_scan(jnp.add, above.astype(jnp.int32), axis=1)
+    slots = jnp.arange(_MAX_GROUPS, dtype=jnp.int32)
+    chosen = jnp.sum(jnp.where(ranks[:, None, :] <= slots[None, :, None], 1.0, 0.0), axis=2)
+    chosen = jnp.minimum(chosen.astype(jnp.int32), groups - 1)
+    sel = jnp.broadcast_to(chosen[:, None, :], (n, _GROUP, _MAX_GROUPS))
+    pos = (jnp.arange(_GROUP, dtype=jnp.int32)[:, None] * groups + sel).reshape(n, -1)
+    cand = jnp.take_along_axis(grouped, sel, axis=2).reshape(n, -1)
+    in_use = ((jnp.arange(_MAX_GROUPS) < count[:, None])[:, None, :]
+              & jnp.take(keep, pos, mode="clip").reshape(n, _GROUP, _MAX_GROUPS)).reshape(n, -1)
+    cand = jnp.where(in_use, cand, -jnp.inf)
+    cand_ids = jnp.take(gid, pos, mode="clip")
+
+    def beats(state):
+      vals, _, cand = state
+      return jnp.any(jnp.max(cand, axis=1) > jnp.min(vals, axis=1))
+
+    def step(state):
+      vals, ids, cand = state
+      best, worst = jnp.max(cand, axis=1), jnp.min(vals, axis=1)
+      j, i = _first_index(cand, best), _first_index(vals, worst)
+      put = (jax.lax.broadcasted_iota(jnp.int32, vals.shape, 1) == i[:, None]) & (best > worst)[:, None]
+      best_id = jnp.take_along_axis(cand_ids, j[:, None], axis=1)
+      taken = jax.lax.broadcasted_iota(jnp.int32, cand.shape, 1) == j[:, None]
+      return (jnp.where(put, best[:, None], vals), jnp.where(put, best_id, ids),
+              jnp.where(taken, -jnp.inf, cand))
+
+    vals, ids, _ = jax.lax.while_loop(beats, step, (vals, ids, cand))
+    return vals, ids
+
+  return jax.lax.cond(jnp.max(count) <= _MAX_GROUPS, insert,
+                      lambda v, i: _top_k_merge(v, i, s, keep, gid, k), vals, ids)
+
+
 def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize, bias_fn, extra,
                        with_lse=False):
-  """Running top-k of q @ table.T over blocks of rows. q (n, h), table (R_loc, h)."""
+  """Running top-k of q @ table.T over blocks of rows. q (n, h), table (R_loc, h).
+
+  Returns (vals (n, k) non-increasing, ids (n, k), lse (n,))."""
   n = q.shape[0]
   r_loc = table.shape[0]
   r = min(row_block, r_loc)
   num_blocks = -(-r_loc // r)
+  filtered = k >= _FILTER_MIN_K and r % _GROUP == 0 and r // _GROUP >= _MAX_GROUPS
 
-  def body(carry, b):
+  def body(carry, b, first=False):
     vals, ids, lse = carry
     # The last block is shifted back to stay in range; rows it re-visits are masked.
     start = jnp.minimum(b * r, r_loc - r)
@@ -42,25 +136,23 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
     s = q @ rows.T
     if bias_fn is not None:
       s = s + bias_fn(extra, gid)
-    s = jnp.where(((local >= b * r) & (gid < num_labels))[None, :], s, -jnp.inf)
-    # The block's top-k candidates (all r scores when grouping does not pay
-    # off) merged with the running top-k by one top_k over both.
-    cand, cand_pos = top_k_candidates(s, min(k, r))
-    all_vals = jnp.concatenate([vals, cand], axis=1)
-    cand_ids = (jnp.broadcast_to(gid[None], (n, r)) if cand.shape[1] == r  # not grouped
-                else jnp.take(gid, cand_pos, mode="clip"))
-    all_ids = jnp.concatenate([ids, cand_ids], axis=1)
-    top, pos = jax.lax.top_k(all_vals, k)
+    keep = (local >= b * r) & (gid < num_labels)  # re-visited rows and padding labels out
+    # The first block always fills the (empty) buffer by TopK.
+    merge = _filtered_merge if filtered and not first else _top_k_merge
+    vals, ids = merge(vals, ids, s, keep, gid, k)
     if with_lse:  # running log-sum-exp over all labels (for normalised log-likelihoods)
-      lse = jnp.logaddexp(lse, jax.nn.logsumexp(s, axis=1))
-    return (top, jnp.take_along_axis(all_ids, pos, axis=1), lse), None
+      lse = jnp.logaddexp(lse, jax.nn.logsumexp(jnp.where(keep[None, :], s, -jnp.inf), axis=1))
+    return (vals, ids, lse), None
 
   init = (jnp.full((n, k), -jnp.inf, q.dtype), jnp.full((n, k), -1, jnp.int32),
           jnp.full((n,), -jnp.inf, q.dtype))
   # Peeling block 0 off the scan gives a carry already typed like the blocks
   # (varying over the mesh axes inside shard_map), as scan requires.
-  carry, _ = body(init, 0)
+  carry, _ = body(init, 0, first=True)
   (vals, ids, lse), _ = jax.lax.scan(body, carry, jnp.arange(1, num_blocks))
+  if filtered:  # the buffer is unsorted
+    vals, pos = jax.lax.top_k(vals, k)
+    ids = jnp.take_along_axis(ids, pos, axis=1)
   return vals, ids, lse
 
 
