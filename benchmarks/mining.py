@@ -28,7 +28,7 @@ import numpy as np
 from benchmarks import common
 from snm_jax.losses import masked_top_k
 from snm_jax.mining.samplers import StratifiedSampler
-from snm_jax.models.towers import l2_normalize
+from snm_jax.models.towers import l2_normalize, normalized_row_scores
 
 SIZES = {
     "small": dict(num_labels=10**5, ks=(1, 16), bs=(1024, 4096), reps=10),
@@ -55,10 +55,7 @@ def make_miner(num_labels: int, b: int, k: int, per_example: bool):
     n = queries.shape[0]
     if per_example:
       ids_NxB, _ = sampler.sample_strata(key, strata, jnp.arange(n, dtype=jnp.int32))
-      rows_NxBxH = jnp.take(table, ids_NxB, axis=0)
-      # As the train step does: normalise the (n, B) scores, not the (n, B, h) rows.
-      scores_NxB = (jnp.einsum("nh,nbh->nb", queries, rows_NxBxH)
-                    * jax.lax.rsqrt(jnp.sum(jnp.square(rows_NxBxH), axis=-1) + 1e-12))
+      scores_NxB = normalized_row_scores(queries, jnp.take(table, ids_NxB, axis=0))  # as the step
     else:
       ids_B, _ = sampler.sample_strata(key, strata)
       rows_BxH = l2_normalize(jnp.take(table, ids_B, axis=0))

@@ -56,7 +56,7 @@ def _num_groups(width: int, k: int) -> int | None:
   return best[1] if best is not None and 4 * best[0] <= width else None
 
 
-def _max_over_groups(grouped):
+def max_over_groups(grouped):
   """max over axis -2 of (..., P, G). For small P as a chain of elementwise
   maxima: XLA:CPU then fuses the producer (e.g. the validity mask) into one
   pass, where a reduce would first write the masked keys out (2x slower)."""
@@ -93,7 +93,7 @@ def top_k_candidates(keys: jax.Array, k: int, valid: Optional[jax.Array] = None)
   group = lambda x: x.reshape(*lead, per_group, groups)   # element i G + g -> [i, g]
   grouped = group(keys)
   masked = grouped if valid is None else rank_key(grouped, group(valid))
-  _, group_ids = jax.lax.top_k(_max_over_groups(masked), k)  # (..., k)
+  _, group_ids = jax.lax.top_k(max_over_groups(masked), k)  # (..., k)
   # Indices come from top_k, so in range: no out-of-range masking needed.
   sel = jnp.broadcast_to(group_ids[..., None, :], (*lead, per_group, k))
   pick = lambda x: jnp.take_along_axis(x, sel, axis=-1, mode="promise_in_bounds")

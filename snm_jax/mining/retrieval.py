@@ -9,14 +9,13 @@ sampler's bias removal (Bamler & Mandt Eq. 5), is evaluated block by block.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snm_jax.losses.ranking import top_k_candidates
+from snm_jax.losses.ranking import max_over_groups, top_k_candidates
 from snm_jax.mining.topk import merge_top_k_across
 from snm_jax.models.towers import l2_normalize
 from snm_jax.sharding import DATA, MODEL
@@ -68,9 +67,8 @@ def _filtered_merge(vals, ids, s, keep, gid, k):
   groups = r // _GROUP
   grouped = s.reshape(n, _GROUP, groups)                  # score i G + g -> [i, g]
   keep_g = keep.reshape(_GROUP, groups)
-  # A chain of maxima with the column mask inside: one fused pass over s.
-  group_max = functools.reduce(jnp.maximum, [jnp.where(keep_g[i][None], grouped[:, i], -jnp.inf)
-                                             for i in range(_GROUP)])
+  # The column mask fuses into the chain of maxima: one pass over s.
+  group_max = max_over_groups(jnp.where(keep_g[None], grouped, -jnp.inf))
   floor = jnp.min(vals, axis=1)                           # (n,) the buffer's minimum
   above = group_max > floor[:, None]
   count = jnp.sum(above, axis=1)

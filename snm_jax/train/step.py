@@ -29,7 +29,7 @@ import optax
 
 from snm_jax.mining import sharded_losses
 from snm_jax.mining.samplers import StratifiedSampler, uniform_log_expected_count
-from snm_jax.models.towers import l2_normalize
+from snm_jax.models.towers import l2_normalize, normalized_row_scores
 from snm_jax.sharding import DATA, MODEL
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
 
@@ -181,13 +181,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     return l2_normalize(rows) if normalize_classes else rows
 
   def per_example_scores(q, rows):
-    """(n, h) x (n, S, h) -> (n, S). Normalising the (n, S) scores instead of
-    the (n, S, h) rows gives the same values without materialising normalised
-    rows: ~3x faster on CPU, where this path is memory-bound."""
-    scores = jnp.einsum("nh,nsh->ns", q, rows)
-    if normalize_classes:
-      scores = scores * jax.lax.rsqrt(jnp.sum(jnp.square(rows), axis=-1) + 1e-12)
-    return scores
+    """(n, h) x (n, S, h) -> (n, S)."""
+    return normalized_row_scores(q, rows) if normalize_classes else jnp.einsum("nh,nsh->ns", q, rows)
 
   def rescorer(q, rows, shared: bool):
     """idx (n, k) -> scaled scores of those draws, from their gathered rows.
