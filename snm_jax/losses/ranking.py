@@ -56,14 +56,24 @@ def _num_groups(width: int, k: int) -> int | None:
   return best[1] if best is not None and 4 * best[0] <= width else None
 
 
-def max_over_groups(grouped):
-  """max over axis -2 of (..., P, G). For small P as a chain of elementwise
-  maxima: XLA:CPU then fuses the producer (e.g. the validity mask) into one
-  pass, where a reduce would first write the masked keys out (2x slower)."""
+def max_over_groups(grouped, valid=None, fill=None):
+  """max over axis -2 of (..., P, G), entries with `valid` (broadcastable) False
+  taken as `fill` (default: the lowest finite value, as `rank_key`).
+
+  For small P as a chain of elementwise maxima, each slice masked on its own:
+  XLA:CPU then fuses the producer and the mask into one pass over `grouped`. A
+  reduce, or a mask applied to the whole array first, writes the masked array
+  out before reducing it (measured 2-3x slower).
+  """
   per_group = grouped.shape[-2]
+  if valid is not None:
+    valid = jnp.broadcast_to(valid, grouped.shape)
+    fill = jnp.finfo(grouped.dtype).min if fill is None else fill
   if per_group > 64:
-    return jnp.max(grouped, axis=-2)
-  return functools.reduce(jnp.maximum, [grouped[..., i, :] for i in range(per_group)])
+    return jnp.max(grouped if valid is None else jnp.where(valid, grouped, fill), axis=-2)
+  slices = [grouped[..., i, :] if valid is None else jnp.where(valid[..., i, :], grouped[..., i, :], fill)
+            for i in range(per_group)]
+  return functools.reduce(jnp.maximum, slices)
 
 
 def top_k_candidates(keys: jax.Array, k: int, valid: Optional[jax.Array] = None):
@@ -92,8 +102,7 @@ def top_k_candidates(keys: jax.Array, k: int, valid: Optional[jax.Array] = None)
   per_group = width // groups
   group = lambda x: x.reshape(*lead, per_group, groups)   # element i G + g -> [i, g]
   grouped = group(keys)
-  masked = grouped if valid is None else rank_key(grouped, group(valid))
-  _, group_ids = jax.lax.top_k(max_over_groups(masked), k)  # (..., k)
+  _, group_ids = jax.lax.top_k(max_over_groups(grouped, None if valid is None else group(valid)), k)
   # Indices come from top_k, so in range: no out-of-range masking needed.
   sel = jnp.broadcast_to(group_ids[..., None, :], (*lead, per_group, k))
   pick = lambda x: jnp.take_along_axis(x, sel, axis=-1, mode="promise_in_bounds")

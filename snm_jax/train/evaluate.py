@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from snm_jax import metrics
 from snm_jax.data.pipeline import SparseBatcher
-from snm_jax.mining.retrieval import make_top_k_retrieval
+from snm_jax.mining.retrieval import bias_at, make_top_k_retrieval
 from snm_jax.models.towers import l2_normalize
 from snm_jax.sharding import DATA, named
 from snm_jax.train.host import to_host
@@ -54,7 +54,7 @@ class Evaluator:
       rows = l2_normalize(rows) if normalize_classes else rows
       s = jnp.sum(q * rows, axis=-1)
       if bias_fn is not None:
-        s = s + jax.vmap(lambda e, y: bias_fn(e[None], y[None])[0, 0])(extra, jnp.maximum(labels, 0))
+        s = s + bias_at(bias_fn, extra, jnp.maximum(labels, 0))
       return s
 
     self._label_scores = label_scores
