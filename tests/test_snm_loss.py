@@ -9,15 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from np_reference import NP_PHI, np_owl
 from snm_jax import losses
 
-NP_PHI = {
-    "hinge": lambda u: np.maximum(1 - u, 0),
-    "squared_hinge": lambda u: np.maximum(1 - u, 0) ** 2,
-    "logistic": lambda u: np.logaddexp(0, -u) / math.log(2),
-    "exponential": lambda u: np.exp(-u),
-    "ramp": lambda u: np.clip(1 - u, 0, 1),
-}
 B, K = 8, 40
 
 
@@ -28,13 +22,6 @@ def np_snm(pos, neg, vartheta, phi, kind, mask=None):
   w = np.asarray(vartheta, np.float64)[:ranked.size]
   terms = phi(pos - ranked) if kind == "powl" else phi(-ranked)
   return np.sum(w * terms) + (phi(pos) if kind == "bowl" else 0.0)
-
-
-def np_owl(v, y, theta, phi, kind):
-  others = np.sort(np.delete(v, y))[::-1]
-  if kind == "powl":
-    return np.sum(theta * phi(v[y] - others))
-  return phi(v[y]) + np.sum(theta * phi(-others))
 
 
 VARTHETAS = {
