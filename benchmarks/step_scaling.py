@@ -24,7 +24,9 @@ and L2-normalised class rows of width h=128. Variants:
   * floor_score, floor_score_top_k (K-free, timed in the same rounds as the
     sparse steps): the N x B scoring matmul alone, and that matmul plus the
     exact top-k of each row (`losses.ranking.top_k`) -- what any exact SNM step
-    must do at least, so their fraction of the peak bounds the step's.
+    must do at least. The step counts 1.1x their FLOPs (plus 6 N k h and the
+    tower) and takes at least their time, so its fraction of the peak is at
+    most about 1.1x theirs.
 FLOPs counted are those each variant performs: the scoring matmul, 2 N S h
 forward and (except for `sparse`) twice that backward (S = B sampled, or K for
 full softmax); `sparse` instead re-scores and differentiates N k rows (6 N k h);

@@ -58,7 +58,8 @@ def _num_groups(width: int, k: int) -> int | None:
 
 def max_over_groups(grouped, valid=None, fill=None):
   """max over axis -2 of (..., P, G), entries with `valid` (broadcastable) False
-  taken as `fill` (default: the lowest finite value, as `rank_key`).
+  taken as `fill` (default: the lowest finite value, as `rank_key`; unused
+  without `valid`).
 
   For small P as a chain of elementwise maxima, each slice masked on its own:
   XLA:CPU then fuses the producer and the mask into one pass over `grouped`. A

@@ -6,7 +6,8 @@ of a block), then re-scores the rows of the k best groups: memory is
 O(n (k + R) + n P h) per device, never O(n K). The shards' k candidates are
 then merged (O(n k M) exchanged).
 An optional per-label additive bias, e.g. log p_n(y|x) for the adversarial
-sampler's bias removal (Bamler & Mandt Eq. 5), is evaluated block by block.
+sampler's bias removal (Bamler & Mandt Eq. 5), is evaluated block by block in
+the scan and label by label (`bias_at`) in the re-scoring.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ _GROUP, _MAX_GROUPS, _FILTER_MIN_K = 8, 16, 32
 
 
 def _top_k_merge(vals, ids, s, gid, k):
-  """(vals, ids) (n, k) merged with a block's keys s (n, r) (-inf: excluded) of
-  ids gid (r,), by one top_k over the block's `top_k_candidates` and the carry."""
+  """(vals, ids) (n, k) merged with a block's values s (n, r) (-inf: excluded)
+  of ids gid (r,), by one top_k over the block's `top_k_candidates` and the
+  carry. Here the values are group maxima and the ids their group keys."""
   n, r = s.shape
   cand, cand_pos = top_k_candidates(s, min(k, r))
   cand_ids = (jnp.broadcast_to(gid[None], (n, r)) if cand.shape[1] == r  # not grouped
@@ -58,6 +60,9 @@ def _first_index(x, value):
 def _filtered_merge(vals, ids, s, gid, k):
   """Exact merge for large k that avoids XLA:CPU's TopK on most blocks.
 
+  vals, ids (n, k): the carry (here: group maxima and their group keys); s (n, r)
+  the block's values (-inf: excluded) with ids gid (r,).
+
   Why: TopK costs ~16 us per row at k = 100, more than the block's matmul. Once
   the carry (an unsorted buffer of the k best so far) is full, few scores of a
   block (here: of its group maxima; -inf entries are excluded) beat its
@@ -70,8 +75,8 @@ def _filtered_merge(vals, ids, s, gid, k):
   result is the exact set of the k best (as values), unsorted.
   """
   n, r = s.shape
-  groups = r // _GROUP
-  grouped = s.reshape(n, _GROUP, groups)                  # score i G + g -> [i, g]
+  subgroups = r // _GROUP
+  grouped = s.reshape(n, _GROUP, subgroups)               # value i S + j -> [i, j]
   group_max = max_over_groups(grouped)
   floor = jnp.min(vals, axis=1)                           # (n,) the buffer's minimum
   above = group_max > floor[:, None]
@@ -86,9 +91,9 @@ def _filtered_merge(vals, ids, s, gid, k):
     ranks = jax.lax.associative_scan(jnp.add, above.astype(jnp.int32), axis=1)
     slots = jnp.arange(_MAX_GROUPS, dtype=jnp.int32)
     chosen = jnp.sum(jnp.where(ranks[:, None, :] <= slots[None, :, None], 1.0, 0.0), axis=2)
-    chosen = jnp.minimum(chosen.astype(jnp.int32), groups - 1)
+    chosen = jnp.minimum(chosen.astype(jnp.int32), subgroups - 1)
     sel = jnp.broadcast_to(chosen[:, None, :], (n, _GROUP, _MAX_GROUPS))
-    pos = (jnp.arange(_GROUP, dtype=jnp.int32)[:, None] * groups + sel).reshape(n, -1)
+    pos = (jnp.arange(_GROUP, dtype=jnp.int32)[:, None] * subgroups + sel).reshape(n, -1)
     cand = jnp.take_along_axis(grouped, sel, axis=2).reshape(n, -1)
     in_use = jnp.broadcast_to((jnp.arange(_MAX_GROUPS) < count[:, None])[:, None, :],
                               (n, _GROUP, _MAX_GROUPS)).reshape(n, -1)
@@ -112,6 +117,8 @@ def _filtered_merge(vals, ids, s, gid, k):
     vals, ids, _ = jax.lax.while_loop(beats, step, (vals, ids, cand))
     return vals, ids
 
+  if subgroups <= _MAX_GROUPS:  # the count can never exceed the insertion's capacity
+    return insert(vals, ids)
   return jax.lax.cond(jnp.max(count) <= _MAX_GROUPS, insert,
                       lambda v, i: _top_k_merge(v, i, s, gid, k), vals, ids)
 
@@ -126,10 +133,11 @@ def bias_at(bias_fn, extra, label_ids):
 
 
 def _rows_per_group(r: int, k: int) -> int:
-  """The group size P of the grouped running top-k: the smallest divisor of the
-  block size r that is >= min(target, r)."""
+  """The group size P of the grouped running top-k: the largest divisor of the
+  block size r that is at most the target (so the re-scoring stays O(n k P h)
+  even for awkward r, e.g. 8 x 499 rows: P = 8)."""
   target = _PER_GROUP if k < _FILTER_MIN_K else _PER_GROUP_FILTERED
-  return next(d for d in range(min(target, r), r + 1) if r % d == 0)
+  return max(d for d in range(1, min(target, r) + 1) if r % d == 0)
 
 
 def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize, bias_fn, extra,
@@ -140,7 +148,8 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
   of r = P G rows: P rows strided by G), then `_rescore_groups` re-scores the
   k P rows of those groups. Exact: if an element of the top-k lay in a group
   outside those k, each of the k kept groups would hold an element (its max) at
-  least as large. Per block this is one fused max pass, then for k <
+  least as large. (Up to float32 rounding: the re-scored values may differ
+  from the scan's in the last bits, so labels tied within ~1e-6 may swap.) Per block this is one fused max pass, then for k <
   _FILTER_MIN_K one TopK over k + G columns (merging elements instead cost two
   TopKs and gathers: 1.3-1.8x slower at k = 5), for larger k `_filtered_merge`.
 
@@ -190,8 +199,8 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
   # Peeling block 0 off the scan gives a carry already typed like the blocks
   # (varying over the mesh axes inside shard_map), as scan requires.
   carry, _ = body(init, 0, first=True)
-  (vals, ids, lse), _ = jax.lax.scan(body, carry, jnp.arange(1, num_blocks))
-  vals, ids = _rescore_groups(q, table, ids, k, r, per_group, groups, num_labels, row_offset,
+  (vals, keys, lse), _ = jax.lax.scan(body, carry, jnp.arange(1, num_blocks))
+  vals, ids = _rescore_groups(q, table, keys, k, r, per_group, groups, num_labels, row_offset,
                               normalize, bias_fn, extra)
   return vals, ids, lse
 
@@ -219,9 +228,12 @@ def _rescore_groups(q, table, keys, k, r, per_group, groups, num_labels, row_off
   s = jnp.swapaxes(s, 0, 1)
   if bias_fn is not None:
     s = s + bias_at(bias_fn, extra, row_offset + local)
-  s = jnp.where(keep, s, -jnp.inf).reshape(q.shape[0], -1)
-  vals, pos = jax.lax.top_k(s, k)
-  ids = jnp.take_along_axis((row_offset + local).reshape(q.shape[0], -1), pos, axis=1)
+  # Row-major over (P, k): among exactly tied scores (equal rows) the lowest
+  # ids then win, as the TopK merge (k < _FILTER_MIN_K) keeps tied group maxima
+  # in key order.
+  flat = lambda x: jnp.swapaxes(x, 1, 2).reshape(q.shape[0], -1)
+  vals, pos = jax.lax.top_k(flat(jnp.where(keep, s, -jnp.inf)), k)
+  ids = jnp.take_along_axis(flat(row_offset + local), pos, axis=1)
   return vals, jnp.where(vals > -jnp.inf, ids, -1)
 
 
