@@ -143,6 +143,39 @@ def test_filtered_merge_for_large_k_equals_dense_reference(mesh_shape, with_bias
   _assert_exact_top_k(vals, ids, s[:, :num_labels], k)
 
 
+@pytest.mark.parametrize("mesh_shape", [(1, 1), (2, 4)])
+def test_retrieval_breaks_exact_ties_by_lowest_id(mesh_shape):
+  """Equal class rows (e.g. untrained duplicates) tie exactly: like the stable
+  dense reference, the lowest ids win (guaranteed when a block has >= k groups:
+  here 256-row blocks of 8 groups, on every shard)."""
+  table = np.ones((2048, 4), np.float32)
+  queries = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
+  mesh = sharding.make_mesh(mesh_shape)
+  retrieve = make_top_k_retrieval(mesh, k=7, num_labels=2000, row_block=256)
+  _, ids = retrieve(jax.device_put(queries, sharding.named(mesh, jax.P(sharding.DATA, None))),
+                    jax.device_put(table, sharding.named(mesh, sharding.TABLE)))
+  np.testing.assert_array_equal(np.asarray(ids), np.broadcast_to(np.arange(7), (8, 7)))
+
+
+def test_retrieval_group_size_stays_small_for_awkward_blocks():
+  """A block of 3992 = 8 x 499 rows is cut into groups of 8 rows, not 499 (the
+  re-scoring gathers k P rows per query), and the result stays exact."""
+  from snm_jax.mining import retrieval  # pylint: disable=g-import-not-at-top
+  assert retrieval._rows_per_group(3992, 5) == 8
+  assert retrieval._rows_per_group(4096, 5) == 32 and retrieval._rows_per_group(4096, 100) == 8
+  assert retrieval._rows_per_group(13, 5) == 13 and retrieval._rows_per_group(37, 5) == 1  # 37: prime
+  rng = np.random.default_rng(4)
+  table = rng.normal(size=(3992, 8)).astype(np.float32)
+  queries = rng.normal(size=(6, 8)).astype(np.float32)
+  mesh = sharding.make_mesh((1, 1))
+  vals, ids = make_top_k_retrieval(mesh, k=5, num_labels=3990, row_block=4096)(
+      jax.device_put(queries, sharding.named(mesh, jax.P(sharding.DATA, None))),
+      jax.device_put(table, sharding.named(mesh, sharding.TABLE)))
+  ref_vals, ref_ids = dense_top_k_reference(queries, table, 5, 3990)
+  np.testing.assert_array_equal(np.asarray(ids), ref_ids)
+  np.testing.assert_allclose(np.asarray(vals), ref_vals, rtol=1e-5, atol=1e-5)
+
+
 def test_retrieval_with_fewer_labels_than_k_marks_missing_slots():
   mesh = sharding.make_mesh((2, 4))
   rng = np.random.default_rng(1)
