@@ -66,9 +66,9 @@ def _filtered_merge(vals, ids, s, gid, k):
   Why: TopK costs ~16 us per row at k = 100, more than the block's matmul. Once
   the carry (an unsorted buffer of the k best so far) is full, few scores of a
   block (here: of its group maxima; -inf entries are excluded) beat its
-  minimum. Each row's groups {i G + g} whose max beats that
-  minimum are compacted (a prefix count, no TopK); if no row has more
-  than _MAX_GROUPS of them, their scores are inserted one at a time in
+  minimum. Each row's strided sub-groups {i S + j} of _GROUP values whose max
+  beats that minimum are compacted (a prefix count, no TopK); if no row has more
+  than _MAX_GROUPS of them, their values are inserted one at a time in
   descending order, each replacing the buffer's minimum, until no candidate
   beats it (a while loop of O(n (k + candidates)) per insertion). Otherwise
   (early blocks) the block is merged by `_top_k_merge` under `lax.cond`. The
@@ -149,9 +149,10 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
   k P rows of those groups. Exact: if an element of the top-k lay in a group
   outside those k, each of the k kept groups would hold an element (its max) at
   least as large. (Up to float32 rounding: the re-scored values may differ
-  from the scan's in the last bits, so labels tied within ~1e-6 may swap.) Per block this is one fused max pass, then for k <
-  _FILTER_MIN_K one TopK over k + G columns (merging elements instead cost two
-  TopKs and gathers: 1.3-1.8x slower at k = 5), for larger k `_filtered_merge`.
+  from the scan's in the last bits, so labels tied within ~1e-6 may swap.)
+  Per block this is one fused max pass, then for k < _FILTER_MIN_K one TopK
+  over k + G columns (merging elements instead cost two TopKs and gathers:
+  1.3-1.8x slower at k = 5), for larger k `_filtered_merge`.
 
   Returns (vals (n, k) non-increasing, ids (n, k), lse (n,)).
   """
