@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snm_jax.losses.ranking import max_over_groups, top_k_candidates
+from snm_jax.losses.ranking import masked_top_k, max_over_groups, top_k_candidates
 from snm_jax.mining.topk import merge_top_k_across
 from snm_jax.models.towers import l2_normalize, normalized_row_scores
 from snm_jax.sharding import DATA, MODEL
@@ -152,7 +152,8 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
   from the scan's in the last bits, so labels tied within ~1e-6 may swap.)
   Per block this is one fused max pass, then for k < _FILTER_MIN_K one TopK
   over k + G columns (merging elements instead cost two TopKs and gathers:
-  1.3-1.8x slower at k = 5), for larger k `_filtered_merge`.
+  1.3-1.8x slower at k = 5), for larger k `_filtered_merge`. A shard that fits
+  in one block is ranked directly (re-scoring would only add work).
 
   Returns (vals (n, k) non-increasing, ids (n, k), lse (n,)).
   """
@@ -178,6 +179,16 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
     keep = (local >= b * r) & (gid < num_labels)  # re-visited rows and padding labels out
     return s, gid, keep
 
+  def lse_of(s, keep):  # log-sum-exp over the block's labels (normalised log-likelihoods)
+    return jax.nn.logsumexp(jnp.where(keep[None, :], s, -jnp.inf), axis=1)
+
+  if num_blocks == 1:
+    s, gid, keep = block(0)
+    top, top_valid, pos = masked_top_k(s, k, jnp.broadcast_to(keep[None, :], s.shape))
+    ids = jnp.where(top_valid, jnp.take(gid, pos, mode="clip"), -1)
+    lse = lse_of(s, keep) if with_lse else jnp.full((n,), -jnp.inf, q.dtype)
+    return jnp.where(top_valid, top, -jnp.inf), ids, lse
+
   def body(carry, b, first=False):
     vals, keys, lse = carry   # the k best group maxima so far and their keys b G + g
     s, gid, keep = block(b)
@@ -191,8 +202,8 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
       vals, pos = jax.lax.top_k(jnp.concatenate([vals, group_max], axis=1), k)
       kept = jnp.take_along_axis(keys, jnp.minimum(pos, k - 1), axis=1)
       keys = jnp.where(pos < k, kept, b * groups + pos - k)
-    if with_lse:  # running log-sum-exp over all labels (for normalised log-likelihoods)
-      lse = jnp.logaddexp(lse, jax.nn.logsumexp(jnp.where(keep[None, :], s, -jnp.inf), axis=1))
+    if with_lse:
+      lse = jnp.logaddexp(lse, lse_of(s, keep))
     return (vals, keys, lse), None
 
   init = (jnp.full((n, k), -jnp.inf, q.dtype), jnp.full((n, k), -1, jnp.int32),
