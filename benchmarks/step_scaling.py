@@ -257,10 +257,19 @@ def floor_kernels(s: Shape) -> dict:
           "floor_score_top_k": ((lambda: select(q, rows)), flops)}
 
 
-def _row(bench, t, peak, table_bytes):
-  return {"variant": bench.name, "K": bench.num_labels, "time_ms": 1e3 * t["median_s"],
-          "min_ms": 1e3 * t["min_s"], "reps": t["reps"], "table_MiB": table_bytes / 2**20,
-          **common.gflops_row(bench.flops, t, peak), **bench.memory}
+def _timed_row(variant, num_labels, flops, t, peak, il_peak=None):
+  """A result row from timings `t`; with `il_peak`, also the fraction of the
+  matmul peak timed in the same rounds."""
+  row = {"variant": variant, "K": num_labels, "time_ms": 1e3 * t["median_s"],
+         "min_ms": 1e3 * t["min_s"], "reps": t["reps"], **common.gflops_row(flops, t, peak)}
+  if il_peak:
+    row["frac_of_interleaved_peak"] = row["gflops"] / il_peak["gflops"]
+  return row
+
+
+def _row(bench, t, peak, table_bytes, il_peak=None):
+  return {**_timed_row(bench.name, bench.num_labels, bench.flops, t, peak, il_peak),
+          "table_MiB": table_bytes / 2**20, **bench.memory}
 
 
 def run_sparse_sweep(s: Shape, ks, reps, peak, mesh, budget=common.MEMORY_BUDGET_BYTES,
@@ -287,16 +296,9 @@ def run_sparse_sweep(s: Shape, ks, reps, peak, mesh, budget=common.MEMORY_BUDGET
   times = common.time_interleaved(fns, reps=reps)
   il_peak = common.peak_from_times(times["matmul"], mm_flops) if interleave_peak else None
   for (k, dense_grad), b in benches.items():
-    rows.append(_row(b, times[(k, dense_grad)], peak, k * s.h * 4))
-    if il_peak:
-      rows[-1]["frac_of_interleaved_peak"] = rows[-1]["gflops"] / il_peak["gflops"]
-  floor_rows = []
-  for name, (_, flops) in floors.items():
-    floor_rows.append({"variant": name, "K": None, "time_ms": 1e3 * times[name]["median_s"],
-                       "min_ms": 1e3 * times[name]["min_s"], "reps": times[name]["reps"],
-                       **common.gflops_row(flops, times[name], peak)})
-    if il_peak:
-      floor_rows[-1]["frac_of_interleaved_peak"] = floor_rows[-1]["gflops"] / il_peak["gflops"]
+    rows.append(_row(b, times[(k, dense_grad)], peak, k * s.h * 4, il_peak))
+  floor_rows = [_timed_row(name, None, flops, times[name], peak, il_peak)
+                for name, (_, flops) in floors.items()]
   default = [key for key in benches if not key[1]]
   if profile and default:
     b = benches[max(default)]
