@@ -1,4 +1,6 @@
 """Tests of named-dataset lookup and loading, including the real bibtex/delicious files."""
+import gzip
+import hashlib
 import time
 
 import numpy as np
@@ -63,7 +65,8 @@ def test_search_order_env_then_shared_then_cache(tmp_path, monkeypatch):
                      labels_c)
   monkeypatch.setenv("SNM_JAX_DATA_DIR", str(env_root))
   monkeypatch.setenv("SNM_JAX_CACHE", str(cache_root))
-  assert datasets.data_search_dirs() == [env_root, datasets.shared_data_dir(), cache_root]
+  assert datasets.data_search_dirs() == [env_root, datasets.shared_data_dir(), cache_root,
+                                       datasets.bundled_data_dir()]
   ds = datasets.load_dataset("bibtex")  # the env folder shadows shared/data
   np.testing.assert_array_equal(ds.features.toarray(), feats.toarray())
   ds = datasets.load_dataset("only_in_cache")
@@ -72,7 +75,8 @@ def test_search_order_env_then_shared_then_cache(tmp_path, monkeypatch):
   with pytest.raises(DatasetNotFoundError) as info:
     datasets.load_dataset("only_in_cache", "test")
   msg = str(info.value)
-  for root in (env_root, datasets.shared_data_dir(), cache_root):
+  assert "\n" not in msg  # one line
+  for root in (env_root, datasets.shared_data_dir(), cache_root, datasets.bundled_data_dir()):
     assert str(root / "only_in_cache") in msg
   assert "download_dataset" in msg
   with pytest.raises(ValueError, match="split"):
@@ -101,3 +105,52 @@ def test_other_repository_layouts(tmp_path):
   assert datasets.available_datasets(tmp_path) == ["Cset", "a"]
   with pytest.raises(DatasetNotFoundError):
     datasets.load_dataset("b", "train", data_dir=tmp_path)
+
+
+BUNDLED_SPLITS = ("train", "test")
+
+
+@pytest.mark.parametrize("split", BUNDLED_SPLITS)
+def test_bundled_bibtex_reads_identically_to_the_shared_folder(shared_data_dir, split):
+  if not (shared_data_dir / "bibtex").is_dir():
+    pytest.skip(f"{shared_data_dir / 'bibtex'} absent: nothing to compare the bundled copy to")
+  bundled = datasets.load_dataset("bibtex", split, data_dir=datasets.bundled_data_dir())
+  shared = datasets.load_dataset("bibtex", split, data_dir=shared_data_dir)
+  assert bundled.path.name == f"bibtex_{split}.txt.gz"
+  assert bundled.path.parent == datasets.bundled_data_dir() / "bibtex"
+  for attr in ("features", "labels"):
+    a, b = getattr(bundled, attr), getattr(shared, attr)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    for part in ("indptr", "indices", "data"):
+      np.testing.assert_array_equal(getattr(a, part), getattr(b, part), err_msg=f"{attr}.{part}")
+  assert bundled.label_names == shared.label_names and len(bundled.label_names) == 159
+
+
+def test_bundled_bibtex_is_found_when_every_other_root_is_empty(tmp_path, monkeypatch):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  monkeypatch.setenv("SNM_JAX_DATA_DIR", str(empty))
+  monkeypatch.setenv("SNM_JAX_CACHE", str(empty))
+  monkeypatch.setattr(datasets, "shared_data_dir", lambda: tmp_path / "no_shared")
+  assert datasets.data_search_dirs()[-1] == datasets.bundled_data_dir()
+  assert datasets.find_dataset("bibtex", "test") == datasets.bundled_data_dir() / "bibtex"
+  assert datasets.available_datasets() == ["bibtex"]  # Delicious is not bundled.
+  for split, (n, d, k, *_) in (("train", REAL["bibtex", "train"]),
+                               ("test", REAL["bibtex", "test"])):
+    ds = datasets.load_dataset("BibTeX", split)
+    assert (ds.num_points, ds.num_features, ds.num_labels) == (n, d, k)
+    assert ds.path.parent == datasets.bundled_data_dir() / "bibtex"
+  with pytest.raises(DatasetNotFoundError, match="delicious"):
+    datasets.load_dataset("delicious")
+
+
+def test_bundled_folder_holds_only_the_converted_bibtex():
+  folder = datasets.bundled_data_dir()
+  assert sorted(p.name for p in folder.iterdir()) == ["bibtex"]
+  assert sorted(p.name for p in (folder / "bibtex").iterdir()) == [
+      "SOURCE.txt", "bibtex_labels.txt.gz", "bibtex_test.txt.gz", "bibtex_train.txt.gz"]
+  source = (folder / "bibtex" / "SOURCE.txt").read_text()
+  assert "sha256 of the uncompressed content" in source
+  for gz in sorted((folder / "bibtex").glob("*.txt.gz")):
+    digest = hashlib.sha256(gzip.decompress(gz.read_bytes())).hexdigest()
+    assert f"{digest}  bibtex/{gz.name[:-3]}" in source, gz.name

@@ -1,9 +1,11 @@
-"""Named datasets: find them on disk (never copied into the repo) and load a split.
+"""Named datasets: find them on disk and load a split.
 
 Search order for `<root>/<name>/`:
   1. every folder in the `SNM_JAX_DATA_DIR` environment variable (os.pathsep-separated),
   2. `shared/data` next to the repository checkout (`<checkout>/../shared/data`),
-  3. the download cache (`SNM_JAX_CACHE`, default `~/.cache/snm_jax`).
+  3. the download cache (`SNM_JAX_CACHE`, default `~/.cache/snm_jax`),
+  4. the copies shipped inside the package (`snm_jax/data/bundled/`: Bibtex only),
+     last, so that a real shared folder wins when present.
 
 Recognised layouts inside a dataset folder (first match wins), for split in
 {train, test} (`.gz` variants accepted everywhere):
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
 import os
 from pathlib import Path
 
@@ -93,11 +96,16 @@ def shared_data_dir() -> Path:
   return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
+def bundled_data_dir() -> Path:
+  """The datasets shipped as package data: `snm_jax/data/bundled/` (gzip-compressed Bibtex)."""
+  return Path(__file__).resolve().parent / "bundled"
+
+
 def data_search_dirs() -> list[Path]:
-  """The roots searched for `<root>/<name>/`, in order."""
+  """The roots searched for `<root>/<name>/`, in order (the bundled copies last)."""
   roots = [Path(p).expanduser() for p in
            os.environ.get("SNM_JAX_DATA_DIR", "").split(os.pathsep) if p]
-  return roots + [shared_data_dir(), cache_dir()]
+  return roots + [shared_data_dir(), cache_dir(), bundled_data_dir()]
 
 
 def _existing(folder: Path, stem: str) -> Path | None:
@@ -182,7 +190,9 @@ def _label_names(folder: Path, name: str, num_labels: int) -> list[str] | None:
   p = _find_ci(folder, f"{name}_labels.txt")
   if p is None:
     return None
-  names = p.read_text(encoding="utf-8").splitlines()
+  opener = gzip.open if xc_format.is_gzip(p) else open
+  with opener(p, "rt", encoding="utf-8") as f:
+    names = f.read().splitlines()
   return names if len(names) == num_labels else None
 
 
@@ -198,7 +208,7 @@ def load_dataset(name: str, split: str = "train", data_dir=None,
       into the cache first (needs internet).
 
   Raises:
-    DatasetNotFoundError: listing every place searched.
+    DatasetNotFoundError: listing every place searched (on one line).
     DataFormatError: if the file is malformed.
   """
   folder = find_dataset(name, split, data_dir)
@@ -208,9 +218,9 @@ def load_dataset(name: str, split: str = "train", data_dir=None,
     folder = find_dataset(name, split, data_dir)
   if folder is None:
     roots = [Path(data_dir)] if data_dir is not None else data_search_dirs()
-    where = "\n  ".join(str(r / name) for r in roots)
+    where = ", ".join(str(r / name) for r in roots)
     raise DatasetNotFoundError(
-        f"dataset {name!r} split {split!r} not found; looked in:\n  {where}\n"
+        f"dataset {name!r} split {split!r} not found; looked in: {where} "
         f"(set SNM_JAX_DATA_DIR, or call snm_jax.data.download_dataset({name!r}) "
         "on a machine with internet access)")
   features, labels, path = _split_source(folder, folder.name, split)()

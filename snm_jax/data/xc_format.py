@@ -37,14 +37,15 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _PAIRS_RE = re.compile(rb"[0-9]+:[^\s:]+(?: [0-9]+:[^\s:]+)*")
 
 
-def _is_gzip(path) -> bool:
+def is_gzip(path) -> bool:
+  """True if the file starts with the gzip magic bytes (whatever its name)."""
   with open(path, "rb") as f:
     return f.read(2) == _GZIP_MAGIC
 
 
 def _lines(path) -> Iterator[tuple[int, bytes]]:
   """Yields (1-based line number, line without newline); typed errors on bad gzip."""
-  gz = _is_gzip(path)
+  gz = is_gzip(path)
   raw = open(path, "rb")
   f = gzip.GzipFile(fileobj=raw) if gz else raw
   lineno = 0
