@@ -5,9 +5,9 @@ r"""The README's main job: SNM top-1 and top-16 vs negative sampling on Bibtex.
 Trains the three methods of Table 2 of Reddi et al. (2019) with the same
 budget (experiments/configs/default.py), evaluates them, prints each method's
 metrics and their ratio to negative sampling, and writes `demo_table.md`,
-`demo_results.json` and `learning_curves.png` into --workdir. Falls back to
-synthetic data (with a notice) if ../shared/data/bibtex is absent. Finished
-runs are reused when the command is repeated; interrupted ones resume.
+`demo_results.json` and `learning_curves.png` into --workdir. Bibtex is read
+from ../shared/data when present, else from the copy bundled in the package.
+Finished runs are reused when the command is repeated; interrupted ones resume.
 """
 
 import json

@@ -5,10 +5,12 @@ r"""Trains and evaluates one configuration; resumes from --workdir.
       --config.mining.k=16 --config.loss.phi=logistic --workdir=/tmp/run2
 """
 
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from snm_jax.errors import SnmJaxError
+from snm_jax.errors import ConfigError
 from snm_jax.train import distributed, loop, quiet_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file[:variant].",
@@ -24,8 +26,8 @@ def main(argv):
   distributed.maybe_initialize(config.distributed)
   try:
     results = loop.train_and_evaluate(config, _WORKDIR.value)
-  except SnmJaxError as e:
-    raise app.UsageError(str(e)) if "config." in str(e) else e
+  except ConfigError as e:  # A bad config field: one line naming it on stderr, exit status 1.
+    sys.exit(f"error: {e}")
   logging.info("final: %s", {k: round(v, 4) for k, v in results["final"].items() if isinstance(v, float)})
 
 

@@ -65,7 +65,6 @@ def test_training_beats_untrained_model_by_a_wide_margin(tmp_path):
 ])
 def test_bad_config_fails_before_compiling_with_the_field_named(tmp_path, field, value, message):
   c = synthetic_config(**{field: value})
-  c.dataset.fallback_to_synthetic = False
   t0 = time.perf_counter()
   with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
     train_and_evaluate(c, tmp_path)

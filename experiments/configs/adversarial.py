@@ -26,7 +26,6 @@ def get_config(arg: str = "bibtex,method=adversarial"):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
   c = common.base_config()
   c.dataset.name = dataset or "bibtex"
-  c.dataset.fallback_to_synthetic = True
   c.dataset.conversion = "first_label"
   c.dataset.synthetic.num_labels = 16384
   c.dataset.synthetic.num_train = 60000

@@ -14,13 +14,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = "bibtex"       # A dataset in ../shared/data or the cache, or "synthetic".
   c.dataset.data_dir = ""         # Overrides the search path for real datasets.
-  c.dataset.fallback_to_synthetic = False  # If the named dataset is missing, train on synthetic data (with a notice).
   # Multilabel -> multiclass conversion of the training set:
   # sample_one_positive (SNM paper) | expand_all_positives (S2M) | first_label (Bamler & Mandt) | smallest_label_drop_empty.
   c.dataset.conversion = "sample_one_positive"
   c.dataset.max_nnz = 0           # Padded nnz per row; 0 = the largest row of the training set. Truncation is counted.
   c.dataset.max_labels = 0        # Padded label-set width; 0 = the largest label set.
   c.dataset.normalize_rows = True  # Row L2 normalisation of the features.
+  # Share of the training file held out as a validation split (model selection); 0 = none. The test
+  # split is never touched; propensities and Head/Torso/Tail use the whole training file's label counts.
+  c.dataset.validation_fraction = 0.0
+  # Seed of the held-out rows' permutation (independent of `seed`: every run sees the same validation set).
+  c.dataset.validation_seed = 0
   c.dataset.synthetic = ml_collections.ConfigDict()
   c.dataset.synthetic.num_labels = 4096      # K of the generator.
   c.dataset.synthetic.num_train = 20000

@@ -12,7 +12,6 @@ from experiments.configs import common
 def get_config(arg: str = ""):
   c = common.base_config()
   c.dataset.name = "bibtex"
-  c.dataset.fallback_to_synthetic = True
   c.model.hidden = 256
   c.model.out = 256
   c.mining.num_samples = 64

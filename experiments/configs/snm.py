@@ -25,7 +25,6 @@ def configure_dataset(c, variant: str):
     common.apply_paper_scale(c, VARIANTS[variant])
   elif variant in ("", "bibtex", "delicious", "synthetic"):
     c.dataset.name = variant or "bibtex"
-    c.dataset.fallback_to_synthetic = True
     c.model.hidden = 256
     c.model.out = 256
     c.mining.num_samples = 64 if c.dataset.name == "bibtex" else 256

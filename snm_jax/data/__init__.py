@@ -1,6 +1,6 @@
-"""Data: XC-format I/O, named datasets and downloads, preprocessing, the four
-multilabel->multiclass conversions, synthetic data with a known Bayes optimum,
-and the sharded input pipeline."""
+"""Data: XC-format I/O, named datasets (Bibtex bundled) and downloads, validation
+splits, preprocessing, the four multilabel->multiclass conversions, synthetic
+data with a known Bayes optimum, and the sharded input pipeline."""
 
 from snm_jax.data.conversions import CONVERSIONS
 from snm_jax.data.conversions import conversion_fn
@@ -10,6 +10,7 @@ from snm_jax.data.conversions import sample_one_positive
 from snm_jax.data.conversions import smallest_label_drop_empty
 from snm_jax.data.datasets import XCDataset
 from snm_jax.data.datasets import available_datasets
+from snm_jax.data.datasets import bundled_data_dir
 from snm_jax.data.datasets import cache_dir
 from snm_jax.data.datasets import data_search_dirs
 from snm_jax.data.datasets import find_dataset
@@ -38,6 +39,9 @@ from snm_jax.data.preprocess import fit_pca
 from snm_jax.data.preprocess import gaussian_projection_matrix
 from snm_jax.data.preprocess import l2_normalize_rows
 from snm_jax.data.preprocess import random_projection
+from snm_jax.data.splits import check_split_compatible
+from snm_jax.data.splits import split_validation
+from snm_jax.data.splits import validation_size
 from snm_jax.data.synthetic import HeadTailDigits
 from snm_jax.data.synthetic import SyntheticConfig
 from snm_jax.data.synthetic import SyntheticData

@@ -1,6 +1,7 @@
-"""The data of a run, from `config.dataset`: a bundled/cached real dataset, the
-synthetic generator (with its Bayes-optimal predictor), or the head/tail
-downsampled digits of the S2M paper."""
+"""The data of a run, from `config.dataset`: a real dataset found by name (Bibtex
+is bundled), the synthetic generator (with its Bayes-optimal predictor), or the
+head/tail downsampled digits of the S2M paper; optionally a validation part
+carved from the training set."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import dataclasses
 
 import numpy as np
 import scipy.sparse as sp
-from absl import logging
 
 from snm_jax import data as snm_data
 from snm_jax.errors import ConfigError, DatasetNotFoundError
@@ -16,10 +16,34 @@ from snm_jax.errors import ConfigError, DatasetNotFoundError
 
 @dataclasses.dataclass
 class RunData:
+  """The splits of a run.
+
+  Attributes:
+    train: the training part, features (N_tr, d) and labels (N_tr, K); without
+      a validation split, the whole training file.
+    test: the test split (N_te, d) / (N_te, K), never subsampled or split.
+    source: what was loaded (e.g. "bibtex", "synthetic").
+    synthetic: the generator's data (raw features, Bayes predictor) for
+      `dataset.name=synthetic`, else None.
+    validation: the held-out part of the training file, (N_va, d) / (N_va, K),
+      when `dataset.validation_fraction > 0`, else None.
+    train_file_label_counts: int64 (K,), positives per label in the WHOLE
+      training file (train + validation); filled from `train` if not given.
+    train_file_points: N_tr + N_va, points of the whole training file.
+  """
   train: snm_data.XCDataset
   test: snm_data.XCDataset
-  source: str                      # what was actually loaded (e.g. "bibtex", "synthetic (fallback)")
+  source: str
   synthetic: snm_data.SyntheticData | None = None
+  validation: snm_data.XCDataset | None = None
+  train_file_label_counts: np.ndarray | None = None
+  train_file_points: int | None = None
+
+  def __post_init__(self):
+    if self.train_file_label_counts is None:
+      self.train_file_label_counts = _label_counts(self.train.labels)
+    if self.train_file_points is None:
+      self.train_file_points = self.train.num_points
 
   @property
   def num_features(self) -> int:
@@ -31,16 +55,27 @@ class RunData:
 
   @property
   def label_counts(self) -> np.ndarray:
-    return np.asarray(self.train.labels.getnnz(axis=0), np.int64)
+    """int64 (K,): label counts of the WHOLE training file (train + validation).
+
+    Not of `train` alone: propensity-scored metrics (PSP@k, with N =
+    `train_file_points`) and the Head/Torso/Tail masks must be identical for
+    every method, with or without a validation split, and for external tools
+    trained on the full file.
+    """
+    return self.train_file_label_counts
 
 
-def _synthetic(config, note: str) -> RunData:
+def _label_counts(labels: sp.csr_matrix) -> np.ndarray:
+  return np.asarray(labels.getnnz(axis=0), np.int64)
+
+
+def _synthetic(config) -> RunData:
   s = config.dataset.synthetic
   cfg = snm_data.SyntheticConfig(num_labels=s.num_labels, dim=s.dim,
                                  num_coarse=max(2, min(64, s.num_labels // 64)),
                                  num_fine_per_coarse=8)
   syn = snm_data.make_synthetic(cfg, s.num_train, s.num_test, seed=s.seed)
-  return RunData(syn.train, syn.test, note, synthetic=syn)
+  return RunData(syn.train, syn.test, "synthetic", synthetic=syn)
 
 
 def _digits(config) -> RunData:
@@ -56,26 +91,54 @@ def _digits(config) -> RunData:
                  "digits_head_tail")
 
 
+def _named(config) -> RunData:
+  name = config.dataset.name
+  data_dir = config.dataset.data_dir or None
+  try:
+    train = snm_data.load_dataset(name, "train", data_dir=data_dir)
+    test = snm_data.load_dataset(name, "test", data_dir=data_dir)
+  except DatasetNotFoundError as e:
+    raise ConfigError("dataset.name", f"{e} (use dataset.name=synthetic for synthetic "
+                      "data)") from None
+  return RunData(train, snm_data.check_split_compatible(train, test), name)
+
+
+def _carve_validation(out: RunData, fraction, seed) -> None:
+  """Replaces out.train by its train part and sets out.validation (in place)."""
+  if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+    raise ConfigError("dataset.validation_seed", f"must be an integer, got {seed!r}")
+  try:
+    snm_data.validation_size(out.train.num_points, fraction)
+  except ValueError as e:
+    raise ConfigError("dataset.validation_fraction", str(e)) from None
+  if fraction == 0:
+    return
+  out.train, validation = snm_data.split_validation(out.train, fraction, seed)
+  out.validation = snm_data.check_split_compatible(out.train, validation)
+
+
 def load_run_data(config) -> RunData:
+  """Loads the splits named by `config.dataset`.
+
+  Raises:
+    ConfigError: `dataset.name` not found (the message lists every place
+      searched), or a bad `dataset.validation_fraction` / `validation_seed`.
+    DataFormatError: a malformed file, or a test split whose K differs from
+      the training K or whose feature ids reach beyond the training d.
+  """
   name = config.dataset.name
   if name == "synthetic":
-    out = _synthetic(config, "synthetic")
+    out = _synthetic(config)
   elif name == "digits_head_tail":
     out = _digits(config)
   else:
-    data_dir = config.dataset.data_dir or None
-    try:
-      train = snm_data.load_dataset(name, "train", data_dir=data_dir)
-      test = snm_data.load_dataset(name, "test", data_dir=data_dir)
-      out = RunData(train, test, name)
-    except DatasetNotFoundError as e:
-      if not config.dataset.fallback_to_synthetic:
-        raise ConfigError("dataset.name", str(e)) from None
-      logging.warning("NOTICE: dataset %r not found (%s); training on SYNTHETIC data instead", name, e)
-      print(f"NOTICE: dataset {name!r} not found; falling back to synthetic data.", flush=True)
-      out = _synthetic(config, "synthetic (fallback)")
+    out = _named(config)
   if config.dataset.normalize_rows:
     # New dataset objects: the synthetic generator's Bayes predictor needs the raw features.
     out.train = dataclasses.replace(out.train, features=snm_data.l2_normalize_rows(out.train.features))
     out.test = dataclasses.replace(out.test, features=snm_data.l2_normalize_rows(out.test.features))
+  # After normalisation (per row, so the order does not matter); `label_counts`
+  # keeps the whole file's counts, computed when `out` was built.
+  _carve_validation(out, config.dataset.get("validation_fraction", 0.0),
+                    config.dataset.get("validation_seed", 0))
   return out
