@@ -33,16 +33,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.synthetic.seed = 1234            # The problem's own seed (fixed across run seeds).
 
   c.model = ml_collections.ConfigDict()
-  c.model.kind = "snm_tower"      # snm_tower (EmbeddingBag -> ReLU -> Dense -> L2) | linear (Bamler & Mandt).
+  # snm_tower (EmbeddingBag -> ReLU -> Dense -> L2; large d) | linear (Bamler & Mandt) |
+  # wide_deep (q = [x, 1, tower(x)]: linear + tower). linear / wide_deep use a K x (d + 1 [+ out]) table: moderate d.
+  c.model.kind = "snm_tower"
   c.model.hidden = 512            # Embedding-bag width.
   c.model.out = 512               # Query / class embedding width h.
-  c.model.normalize_classes = True  # Score with L2-normalised class rows (cosines in [-1, 1]).
+  # Score with L2-normalised class rows (cosines in [-1, 1]). Unset = auto: True for snm_tower, False for
+  # linear / wide_deep (True is an error there). A typed placeholder: --config.model.normalize_classes=False parses.
+  c.model.normalize_classes = ml_collections.config_dict.placeholder(bool)
+  c.model.dropout = 0.0           # Dropout rate on the tower's bag output (after the ReLU); training only, [0, 1).
+  c.model.feature_dropout = 0.0   # Rate of dropping input nonzeros in training (kept ones scaled by 1/(1-rate)), [0, 1).
 
   c.table = ml_collections.ConfigDict()
   c.table.optimizer = "sgd"       # Row-wise sparse optimiser: sgd | momentum | adagrad.
   c.table.learning_rate = 1.0
   c.table.momentum = 0.9          # For table.optimizer=momentum.
   c.table.init_scale = 1.0        # Std of the N(0, s^2) initial rows (before normalisation at use).
+  c.table.warmup_steps = 0        # Linear warm-up of the table's learning rate from 0 over this many steps.
+  c.table.decay = "constant"      # constant | cosine (to 0 at train.num_steps).
+  # Decoupled L2 decay: each row a step touches is multiplied by 1 - lr_t * wd, once (lazy: untouched rows are not decayed).
+  c.table.weight_decay = 0.0
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "momentum"   # optax optimiser of the dense tower: sgd | momentum | adam | adagrad.
@@ -50,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.momentum = 0.9
   c.optimizer.warmup_steps = 0
   c.optimizer.decay = "constant"  # constant | cosine (to 0 at train.num_steps).
+  c.optimizer.weight_decay = 0.0  # Decoupled weight decay of the tower's kernels and embeddings (not biases); adam -> adamw.
 
   c.loss = ml_collections.ConfigDict()
   c.loss.kind = "bowl"            # bowl | powl (SNM) | sampled_softmax | full_softmax | logistic_ns.

@@ -41,19 +41,43 @@ class EmbeddingBag(nn.Module):
     return jnp.einsum("bn,bnh->bh", feat_vals.astype(self.dtype), jnp.take(table, feat_ids, axis=0))
 
 
+def feature_dropout(rate: float, feat_vals, train: bool):
+  """Drops each input nonzero (an entry of the padded `feat_vals`) with
+  probability `rate` and scales the kept ones by 1 / (1 - rate) (inverted
+  dropout: the expected input is unchanged). Identity when not training or at
+  rate 0 (no rng drawn). Call it inside a compact method: it uses that module's "dropout"
+  rng stream."""
+  return nn.Dropout(rate, deterministic=not train, name="input_dropout")(feat_vals)
+
+
 class SNMTower(nn.Module):
   """The embedding model of Reddi et al. (2019), Sec. 6:
   x -> EmbeddingBag(d -> hidden) -> ReLU -> Dense(hidden -> out) -> L2-normalise.
   Scores against L2-normalised class rows are cosines in [-1, 1].
+
+  Use it for large d: its parameters are O(d hidden) and the class table is
+  K x out, independent of d (the linear / wide-and-deep queries need a
+  K x (d + 1) table).
+
+  dropout: rate of dropout on the bag output (after the ReLU); feature_dropout:
+  rate at which input nonzeros are dropped (inverted scaling). Both act only
+  when called with `train=True` and an rng for the "dropout" collection
+  (`apply(params, ids, vals, train=True, rngs={"dropout": key})`); the default
+  call `apply(params, ids, vals)` is deterministic (evaluation). At rate 0 no
+  rng is drawn.
   """
   num_features: int
   hidden: int = 512
   out: int = 512
   normalize: bool = True
+  dropout: float = 0.0
+  feature_dropout: float = 0.0
 
   @nn.compact
-  def __call__(self, feat_ids, feat_vals):
+  def __call__(self, feat_ids, feat_vals, train: bool = False):
+    feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
     h = nn.relu(EmbeddingBag(self.num_features, self.hidden, name="bag")(feat_ids, feat_vals))
+    h = nn.Dropout(self.dropout, deterministic=not train, name="bag_dropout")(h)
     q = nn.Dense(self.out, name="proj")(h)
     return l2_normalize(q) if self.normalize else q
 
@@ -61,12 +85,50 @@ class SNMTower(nn.Module):
 class LinearQuery(nn.Module):
   """Bamler & Mandt's linear model xi_y(x) = x^T w_y + b_y, written as
   q(x) = [x, 1] so that the class row [w_y, b_y] holds weight and bias.
-  Output (N, d + 1). No parameters: all of the model is the class table."""
+  Output (N, d + 1). No parameters: all of the model is the class table.
+
+  The query is dense in d, so the class table is K x (d + 1) and scoring costs
+  O(d) per (example, class): use it for moderate d only (for large d use
+  SNMTower, whose table width does not depend on d). Its class rows start at 0
+  and must not be L2-normalised at scoring (model.normalize_classes resolves to
+  False). feature_dropout as in SNMTower (train=True only).
+  """
   num_features: int
+  feature_dropout: float = 0.0
 
   @nn.compact
-  def __call__(self, feat_ids, feat_vals):
+  def __call__(self, feat_ids, feat_vals, train: bool = False):
+    feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
     n = feat_ids.shape[0]
     dense = jnp.zeros((n, self.num_features + 1), feat_vals.dtype)
     dense = dense.at[jnp.arange(n)[:, None], feat_ids].add(feat_vals)
     return dense.at[:, -1].set(1.0)
+
+
+class WideDeepQuery(nn.Module):
+  """Wide and deep: q(x) = [x, 1, tower(x)], output (N, d + 1 + out).
+
+  A class row [w_y, b_y, e_y] then scores w_y.x + b_y + e_y.tower(x): a sparse
+  linear model (the "wide" path, LinearQuery) plus the SNM tower (the "deep"
+  path), summed. Like the linear model it needs a K x (d + 1 + out) table, so
+  it is for moderate d (the linear path memorises feature-class pairs the
+  tower's bottleneck may miss); for large d use SNMTower alone. Class rows
+  start at 0 and are not L2-normalised (model.normalize_classes resolves to
+  False); the tower's output is L2-normalised as in SNMTower.
+
+  feature_dropout drops input nonzeros once, before both paths (the same mask
+  for both); dropout acts on the tower's bag output. Both only with train=True.
+  """
+  num_features: int
+  hidden: int = 512
+  out: int = 512
+  dropout: float = 0.0
+  feature_dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, feat_ids, feat_vals, train: bool = False):
+    feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
+    wide = LinearQuery(self.num_features, name="wide")(feat_ids, feat_vals)
+    deep = SNMTower(self.num_features, hidden=self.hidden, out=self.out, dropout=self.dropout,
+                    name="tower")(feat_ids, feat_vals, train=train)
+    return jnp.concatenate([wide, deep], axis=-1)

@@ -3,13 +3,14 @@ validation that fails before any compilation, naming the offending field."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import optax
 
 from snm_jax import losses
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import StratifiedSampler, unigram_stratum_cdf
-from snm_jax.models.towers import LinearQuery, SNMTower
+from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers
 from snm_jax.train.step import LossSpec
 
@@ -17,6 +18,24 @@ LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns", 
 SAMPLERS = ("uniform", "unigram", "full", "tree")
 VARTHETAS = ("top_k", "negative_sampling", "power_law")
 REDUCTIONS = ("mean", "s2m")
+MODEL_KINDS = ("snm_tower", "linear", "wide_deep")
+LINEAR_KINDS = ("linear", "wide_deep")  # class rows hold a linear model [w_y, b_y, ...], start at 0
+DECAYS = ("constant", "cosine")
+
+
+def _field(section, name, default):
+  """config.<section>.<name>, or its base_config() default for configs that predate it."""
+  return section.get(name, default)
+
+
+def _nonnegative(field, value):
+  if not value >= 0:
+    raise ConfigError(field, f"must be >= 0, got {value!r}")
+
+
+def _rate(field, value):
+  if not 0.0 <= value < 1.0:
+    raise ConfigError(field, f"must be a dropout rate in [0, 1), got {value!r}")
 
 
 def _one_of(field, value, allowed):
@@ -30,7 +49,24 @@ def validate(config, num_labels: int) -> None:
   _one_of("loss.reduction", config.loss.reduction, REDUCTIONS)
   _one_of("mining.sampler", config.mining.sampler, SAMPLERS)
   _one_of("mining.vartheta", config.mining.vartheta, VARTHETAS)
-  _one_of("model.kind", config.model.kind, ("snm_tower", "linear"))
+  _one_of("model.kind", config.model.kind, MODEL_KINDS)
+  resolve_normalize_classes(config)  # explicit True with a linear kind
+  _rate("model.dropout", _field(config.model, "dropout", 0.0))
+  _rate("model.feature_dropout", _field(config.model, "feature_dropout", 0.0))
+  if config.model.kind == "linear" and _field(config.model, "dropout", 0.0):
+    raise ConfigError("model.dropout", "model.kind=linear has no hidden layer to drop; "
+                      "use model.feature_dropout (or model.kind=snm_tower | wide_deep)")
+  _nonnegative("optimizer.weight_decay", _field(config.optimizer, "weight_decay", 0.0))
+  _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
+  _nonnegative("optimizer.warmup_steps", config.optimizer.warmup_steps)
+  t = config.table
+  _nonnegative("table.weight_decay", _field(t, "weight_decay", 0.0))
+  if _field(t, "weight_decay", 0.0) * t.learning_rate >= 1.0:
+    raise ConfigError("table.weight_decay", f"table.learning_rate * table.weight_decay = "
+                      f"{t.learning_rate} * {_field(t, 'weight_decay', 0.0)} must be < 1 (each "
+                      "touched row is multiplied by 1 - lr * weight_decay)")
+  _one_of("table.decay", _field(t, "decay", "constant"), DECAYS)
+  _nonnegative("table.warmup_steps", _field(t, "warmup_steps", 0))
   _one_of("train.on_nonfinite", config.train.on_nonfinite, ("stop", "skip"))
   b, k = config.mining.num_samples, config.mining.k
   if b < 1:
@@ -114,35 +150,127 @@ def _full_samples(num_labels, num_strata):
   return -(-num_labels // num_strata) * num_strata
 
 
+def resolve_normalize_classes(config) -> bool:
+  """model.normalize_classes with None ("auto") resolved: True for snm_tower
+  (cosine scores), False for linear and wide_deep.
+
+  Raises ConfigError for an explicit True with linear / wide_deep: their class
+  rows [w_y, b_y(, e_y)] start at 0 (`table_init_scale`), where the gradient of
+  l2_normalize is ~1/sqrt(eps) = 1e6: the first update throws the touched rows
+  to norms ~1e5, after which their gradients (~1/norm) barely move them, so the
+  table stops learning; normalising would also drop the scale of the linear score.
+  """
+  value = config.model.normalize_classes
+  kind = config.model.kind
+  if value is None:
+    return kind == "snm_tower"
+  if value and kind in LINEAR_KINDS:
+    raise ConfigError("model.normalize_classes",
+                      f"True is not supported with model.kind={kind}: its class rows are a linear "
+                      "model [w_y, b_y, ...] initialised to 0, where L2 normalisation is singular "
+                      "(gradient ~1/sqrt(eps): the first update blows the rows up and later ones "
+                      "barely move them, so the table stops learning), and normalising discards "
+                      "the scale of the linear score. Leave it unset (auto: False for linear / "
+                      "wide_deep) or set it False.")
+  return bool(value)
+
+
+def table_init_scale(config) -> float:
+  """Std of the initial class rows: 0.0 for linear / wide_deep (Bamler & Mandt
+  start the linear model at 0), table.init_scale for snm_tower."""
+  return 0.0 if config.model.kind in LINEAR_KINDS else float(config.table.init_scale)
+
+
+def tower_has_dropout(config) -> bool:
+  """True when the tower must be called with train=True and a dropout rng in
+  training (make_train_step's `dropout=`)."""
+  return bool(_field(config.model, "dropout", 0.0) or _field(config.model, "feature_dropout", 0.0))
+
+
 def make_tower(config, num_features: int):
-  if config.model.kind == "linear":
-    return LinearQuery(num_features=num_features), num_features + 1
-  return SNMTower(num_features=num_features, hidden=config.model.hidden, out=config.model.out), config.model.out
+  """Returns (flax module, query width = class-row width).
+
+  snm_tower: SNMTower, width model.out -- for large d (the table is K x out).
+  linear: LinearQuery q = [x, 1], width d + 1 -- a K x (d + 1) table: moderate d only.
+  wide_deep: WideDeepQuery q = [x, 1, tower(x)], width d + 1 + out -- the linear
+    model plus the tower, summed in the score; also a K x (d + 1 + out) table.
+  The modules take `train=True` (and rngs={"dropout": key}) to apply
+  model.dropout / model.feature_dropout; their default call is deterministic.
+  """
+  m = config.model
+  dropout = float(_field(m, "dropout", 0.0))
+  feature_dropout = float(_field(m, "feature_dropout", 0.0))
+  if m.kind == "linear":
+    return LinearQuery(num_features=num_features, feature_dropout=feature_dropout), num_features + 1
+  if m.kind == "wide_deep":
+    return (WideDeepQuery(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
+                          feature_dropout=feature_dropout),
+            num_features + 1 + m.out)
+  return SNMTower(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
+                  feature_dropout=feature_dropout), m.out
 
 
-def make_schedule(opt_config, num_steps: int):
+def make_schedule(opt_config, num_steps: int, field: str = "optimizer"):
+  """learning_rate, linearly warmed up from 0 over warmup_steps, then constant
+  or cosine-decayed to 0 at num_steps. `field` names the config section in errors."""
   lr = opt_config.learning_rate
-  if opt_config.decay == "cosine":
-    sched = optax.cosine_decay_schedule(lr, max(num_steps - opt_config.warmup_steps, 1))
-  elif opt_config.decay == "constant":
+  warmup = _field(opt_config, "warmup_steps", 0)
+  decay = _field(opt_config, "decay", "constant")
+  if decay == "cosine":
+    sched = optax.cosine_decay_schedule(lr, max(num_steps - warmup, 1))
+  elif decay == "constant":
     sched = optax.constant_schedule(lr)
   else:
-    raise ConfigError("optimizer.decay", f"{opt_config.decay!r} is not one of ['constant', 'cosine']")
-  if opt_config.warmup_steps:
+    raise ConfigError(f"{field}.decay", f"{decay!r} is not one of {list(DECAYS)}")
+  if warmup:
     sched = optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, opt_config.warmup_steps), sched], [opt_config.warmup_steps])
+        [optax.linear_schedule(0.0, lr, warmup), sched], [warmup])
   return sched
 
 
+def make_table_schedule(config):
+  """step -> the class table's learning rate (table.learning_rate with
+  table.warmup_steps and table.decay, as make_schedule); make_train_step's
+  `table_lr`. The row-wise weight decay uses the same value."""
+  return make_schedule(config.table, config.train.num_steps, field="table")
+
+
+def _decay_mask(params):
+  """True on kernels and embeddings, False on biases (and anything else)."""
+  def is_weight(path, _):
+    last = path[-1] if path else None
+    return getattr(last, "key", getattr(last, "name", None)) in ("kernel", "embedding")
+  return jax.tree_util.tree_map_with_path(is_weight, params)
+
+
 def make_tower_optimizer(config) -> optax.GradientTransformation:
+  """optax optimiser of the dense tower. optimizer.weight_decay = wd > 0 adds
+  decoupled weight decay of the kernels and embeddings (not the biases):
+  adam -> optax.adamw; sgd / momentum / adagrad -> chain(their gradient
+  statistics, add_decayed_weights(wd), scale_by_learning_rate), i.e.
+  p <- p - lr_t (u_t + wd p) with u_t the plain / momentum / Adagrad direction
+  (the decay bypasses the momentum and the Adagrad accumulator). wd = 0 builds
+  exactly the plain optax optimiser."""
   o = config.optimizer
   sched = make_schedule(o, config.train.num_steps)
-  table = {
-      "sgd": lambda: optax.sgd(sched),
-      "momentum": lambda: optax.sgd(sched, momentum=o.momentum),
-      "adam": lambda: optax.adam(sched),
-      "adagrad": lambda: optax.adagrad(sched),
-  }
+  wd = float(_field(o, "weight_decay", 0.0))
+  if wd:
+    stats = {
+        "sgd": optax.identity,
+        "momentum": lambda: optax.trace(decay=o.momentum, nesterov=False),
+        "adagrad": lambda: optax.scale_by_rss(initial_accumulator_value=0.1, eps=1e-7),  # optax.adagrad's
+    }
+    table = {name: (lambda f=f: optax.chain(f(), optax.add_decayed_weights(wd, mask=_decay_mask),
+                                            optax.scale_by_learning_rate(sched)))
+             for name, f in stats.items()}
+    table["adam"] = lambda: optax.adamw(sched, weight_decay=wd, mask=_decay_mask)
+  else:
+    table = {
+        "sgd": lambda: optax.sgd(sched),
+        "momentum": lambda: optax.sgd(sched, momentum=o.momentum),
+        "adam": lambda: optax.adam(sched),
+        "adagrad": lambda: optax.adagrad(sched),
+    }
   if o.name not in table:
     raise ConfigError("optimizer.name", f"{o.name!r} is not one of {sorted(table)}")
   tx = table[o.name]()
@@ -153,6 +281,10 @@ def make_tower_optimizer(config) -> optax.GradientTransformation:
 
 
 def make_row_optimizer(config):
+  """The class table's row-wise optimiser, with table.weight_decay (decoupled,
+  lazy: only the rows a step touches are decayed, by 1 - lr_t * wd, once)."""
   t = config.table
   kwargs = {"beta": t.momentum} if t.optimizer == "momentum" else {}
-  return row_optimizers.get_row_optimizer(t.optimizer, **kwargs)
+  opt = row_optimizers.get_row_optimizer(t.optimizer, **kwargs)
+  wd = float(_field(t, "weight_decay", 0.0))
+  return opt._replace(weight_decay=wd) if wd else opt

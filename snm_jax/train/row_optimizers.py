@@ -11,6 +11,15 @@ Each optimiser is a pair of pure functions:
   init(num_rows, dim, dtype) -> state   (a dict of arrays with leading dim num_rows)
   update(rows, grads, state_rows, lr) -> (new_rows, new_state_rows)
 and `apply_row_update` does the gather / merge / scatter around them.
+
+Decoupled row-wise weight decay (`RowOptimizer.weight_decay`, AdamW-style):
+after the optimiser's update, every row touched by the step is multiplied by
+(1 - lr * weight_decay) once, however often its id repeats in the step. It is
+lazy: rows no step touches are not decayed (decaying all K rows would cost
+O(K h) per step), so a row's total shrinkage depends on how often it is
+sampled or is a positive, not on the step count. "Touched" means named by a
+valid id of the step (in the train step: every drawn negative of the shard and
+every positive), whether or not its gradient is nonzero.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ class RowOptimizer(NamedTuple):
   # duplicate ids then need no merge, and `apply_row_update` scatter-adds
   # -lr * grad directly (no sort of the ids, no gather of the old rows).
   additive: bool = False
+  # Decoupled L2 decay of the touched rows (see the module docstring); 0 = off.
+  # A Python float: the decay is compiled in only when it is nonzero.
+  weight_decay: float = 0.0
 
 
 def sgd() -> RowOptimizer:
@@ -92,19 +104,33 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer):
     lr: scalar learning rate.
   Returns:
     (table, state) with only the touched rows changed; cost O(T h + T log T),
-    or O(T h) for an additive optimiser (SGD).
+    or O(T h) for an additive optimiser (SGD) without weight decay. With
+    `opt.weight_decay` = wd > 0 each touched row is then multiplied by
+    (1 - lr * wd) once (for SGD its ids are sorted and only first occurrences
+    scaled: O(T log T) more, nothing of size R_local).
   """
   num_rows = table.shape[0]
   t = row_ids.shape[0]
   row_ids = jnp.where((row_ids >= 0) & (row_ids < num_rows), row_ids, num_rows)
+  wd = opt.weight_decay
   if opt.additive:
     step = (-lr * grads).astype(table.dtype)
-    return table.at[row_ids].add(step, mode="drop"), state
+    table = table.at[row_ids].add(step, mode="drop")
+    if wd:
+      # Duplicates are not merged on this path: scale each touched row once,
+      # at its first occurrence in sorted order; the rest index R_local (dropped).
+      ids = jnp.sort(row_ids)
+      first = jnp.concatenate([jnp.ones((1,), bool), ids[1:] != ids[:-1]])
+      factor = jnp.asarray(1.0 - lr * wd, table.dtype)
+      table = table.at[jnp.where(first, ids, num_rows)].multiply(factor, mode="drop")
+    return table, state
   unique, inverse = jnp.unique(row_ids, size=t, fill_value=num_rows, return_inverse=True)
   merged = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=t)
   rows = table.at[unique].get(mode="fill", fill_value=0)
   state_rows = jax.tree.map(lambda s: s.at[unique].get(mode="fill", fill_value=0), state)
   new_rows, new_state_rows = opt.update(rows, merged.astype(rows.dtype), state_rows, lr)
+  if wd:  # `unique` holds each touched row once (padding = R_local, dropped below)
+    new_rows = new_rows * (1.0 - lr * wd)
   table = table.at[unique].set(new_rows.astype(table.dtype), mode="drop")
   state = jax.tree.map(lambda s, n: s.at[unique].set(n.astype(s.dtype), mode="drop"),
                        state, new_state_rows)

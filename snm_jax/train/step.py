@@ -9,7 +9,11 @@ One step, for a minibatch of N examples and B sampled negatives:
      mining and the per-example loss (`snm_jax.mining.sharded_losses`), then
      the minibatch reduction: mean, or S2M's average of the top-k' losses;
   3. update: optax on the tower; a row-wise optimiser on the touched rows of
-     each table shard (`snm_jax.train.row_optimizers`), shard-locally.
+     each table shard (`snm_jax.train.row_optimizers`), shard-locally, with
+     its optional decoupled decay of those rows (lazy: untouched rows are not
+     decayed) at the same learning rate `table_lr(step)`.
+Tower dropout (if any) uses a key folded out of the step's rng, so the
+sampler's draws do not depend on it.
 The cost is O((N + B) h) for the table and O(N B h / M) for scoring; nothing
 is O(K). Communication per step: an all-gather of N k candidates per shard,
 psums of N-vectors, and the data-parallel sum of the B gathered rows' gradients.
@@ -34,6 +38,11 @@ from snm_jax.sharding import DATA, MODEL
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
 
 P = jax.P
+
+# The tower's dropout key is jax.random.fold_in(rng, DROPOUT_FOLD_IN) of the
+# step's rng: the sampler keeps drawing from `rng` itself, so enabling dropout
+# does not change which negatives are drawn.
+DROPOUT_FOLD_IN = 0x0D50
 
 
 @flax.struct.dataclass
@@ -107,17 +116,39 @@ def _shared_valid_count(ids, label_set, num_labels):
   return jnp.sum(ids < num_labels) - jnp.sum(hits, axis=-1)
 
 
+def _module_has_dropout(module) -> bool:
+  rates = (getattr(module, "dropout", 0.0), getattr(module, "feature_dropout", 0.0))
+  return any(isinstance(r, (int, float)) and r > 0 for r in rates)
+
+
 def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     row_opt: RowOptimizer, table_lr: Callable, sampler: StratifiedSampler,
                     loss: LossSpec, mesh, normalize_classes: bool,
                     stratum_cdf: jax.Array | None = None, donate: bool = True,
-                    table_rows: int | None = None):
+                    table_rows: int | None = None, dropout: bool | None = None):
   """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
 
   batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
     'label_set' (N, L) padded -1, 'valid' (N,) bool, 'example_id' (N,) -- all
     sharded over `data`.
+  table_lr: step -> the row optimiser's learning rate (e.g.
+    `builders.make_table_schedule(config)`); the row-wise weight decay of
+    `row_opt` uses the same value.
+  normalize_classes: a bool (`builders.resolve_normalize_classes(config)`),
+    never the config's None ("auto").
+  dropout: True: the step calls `tower_apply(params, ids, vals, train=True,
+    rngs={"dropout": fold_in(rng, DROPOUT_FOLD_IN)})`; False: it calls
+    `tower_apply(params, ids, vals)` and draws no extra key. None (default):
+    True iff `tower_apply` is a bound `apply` of a module with a nonzero
+    `dropout` or `feature_dropout` field (the models of `snm_jax.models`), so
+    `tower_apply=tower.apply` needs nothing more; `builders.tower_has_dropout`
+    gives the same answer from the config.
   """
+  if normalize_classes is None:
+    raise ValueError("normalize_classes=None (config 'auto'): pass "
+                     "builders.resolve_normalize_classes(config)")
+  if dropout is None:
+    dropout = _module_has_dropout(getattr(tower_apply, "__self__", None))
   num_model = mesh.shape[MODEL]
   num_labels = sampler.num_labels
   table_rows = table_rows or sampler.padded_labels
@@ -302,7 +333,11 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       rows, pos_rows, owned = gather_owned_sm(state.table, batch["label"], ids)
 
     def loss_fn(params, rows, pos_rows):
-      q = tower_apply(params, batch["feat_ids"], batch["feat_vals"])
+      if dropout:
+        q = tower_apply(params, batch["feat_ids"], batch["feat_vals"], train=True,
+                        rngs={"dropout": jax.random.fold_in(rng, DROPOUT_FOLD_IN)})
+      else:
+        q = tower_apply(params, batch["feat_ids"], batch["feat_vals"])
       per_ex, pos, hardest, n_valid = mined_loss_sm(q, rows, pos_rows, ids, log_q, batch["label_set"],
                                                     log_q_pos)
       per_ex = jnp.where(batch["valid"], per_ex, 0.0)
