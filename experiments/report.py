@@ -114,7 +114,7 @@ def steady_seconds_per_step(res: dict) -> float:
   if not hist or res["steps"] <= hist[0]["step"]:
     return res["seconds_per_step"]
   evals = 0.0 if plots.excludes_eval(res) else sum(h.get("eval_seconds", 0.0) for h in hist[1:])
-  return (res["train_seconds_this_run"] - hist[0]["train_seconds"] - evals) / (
+  return (plots.total_train_seconds(res) - hist[0]["train_seconds"] - evals) / (
       res["steps"] - hist[0]["step"])
 
 

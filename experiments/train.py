@@ -11,7 +11,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from snm_jax.errors import ConfigError
-from snm_jax.train import distributed, loop, quiet_logs
+from snm_jax.train import distributed, quiet_logs, runs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file[:variant].",
                                           lock_config=True)
@@ -25,7 +25,7 @@ def main(argv):
   config = _CONFIG.value
   distributed.maybe_initialize(config.distributed)
   try:
-    results = loop.train_and_evaluate(config, _WORKDIR.value)
+    results = runs.train(config, _WORKDIR.value)
   except ConfigError as e:  # A bad config field: one line naming it on stderr, exit status 1.
     sys.exit(f"error: {e}")
   logging.info("final: %s", {k: round(v, 4) for k, v in results["final"].items() if isinstance(v, float)})

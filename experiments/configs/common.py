@@ -104,6 +104,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2
   c.train.fingerprint = True      # Write a sha256 of the final state to results.json (reproducibility checks).
   c.train.on_nonfinite = "stop"   # stop | skip (the batch's update is dropped and counted).
+  # With a validation split: stop after this many evaluations without a better eval.select_metric (0 = never).
+  c.train.patience = 0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.k_max = 5                # P@k / nDCG@k / PSP@k for k = 1..k_max (k=1,3,5 reported).
@@ -114,6 +116,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.log_likelihood = False   # Also the predictive log-likelihood of each point's first label (O(K) per query).
   c.eval.psp_a = 0.55             # Jain et al. propensity A.
   c.eval.psp_b = 1.5              # Jain et al. propensity B.
+  # Validation metric that selects the state evaluated on test (needs dataset.validation_fraction > 0).
+  c.eval.select_metric = "P@1"
+
+  # A recipe derives the fields left at "auto" / -1 from the data and chooses among candidates on
+  # the validation split (snm_jax/train/recipes.py; experiments/configs/xmc.py). "" = a plain run.
+  c.recipe = ml_collections.ConfigDict()
+  c.recipe.name = ""
+  c.recipe.search = ""            # Candidate grid, e.g. "table.learning_rate*=0.5,1,2;dataset.conversion=a,b".
+  c.recipe.epochs = 80.0          # train.num_steps=-1: this many passes over the training part...
+  c.recipe.min_steps = 500        # ...clipped to [min_steps, max_steps].
+  c.recipe.max_steps = 4000
+  c.recipe.evaluations = 20       # Validation evaluations per run (train.eval_every=-1).
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.

@@ -63,6 +63,13 @@ class Checkpointer:
     self.manager.reload()
     return target
 
+  def delete_after(self, step: int) -> None:
+    """Deletes saved steps > `step` (e.g. a best-so-far state newer than the
+    checkpoint a run resumed from: the resumed run will recompute it)."""
+    for later in [s for s in self.manager.all_steps() if s > step]:
+      logging.info("deleting %s/%d: newer than the restored step %d", self.directory, later, step)
+      self.manager.delete(later)
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 

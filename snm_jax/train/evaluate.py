@@ -3,6 +3,7 @@ in bounded-memory chunks, then the multi-label and retrieval metrics."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import jax
@@ -18,6 +19,69 @@ from snm_jax.sharding import DATA, named
 from snm_jax.train.host import to_host
 
 REPORTED_K = (1, 3, 5)
+
+
+def first_labels(labels) -> np.ndarray:
+  """Each point's first stored label, -1 for points without labels."""
+  labels = labels.tocsr()
+  first = np.full(labels.shape[0], -1, np.int64)
+  has = np.diff(labels.indptr) > 0
+  first[has] = labels.indices[labels.indptr[:-1][has]]
+  return first
+
+
+def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, normalize_classes: bool,
+                  max_nnz: int, max_labels: int, tree_sampler=None) -> Callable:
+  """`evaluate(state) -> dict` of every metric on one split ("validation" or "test").
+
+  Owns the method-specific parts of prediction: Bamler & Mandt's Eq. 5 bias
+  removal (score_y(x) = xi_y(x) + log p_n(y|x), inside the chunked top-k) for
+  the adversarial loss, their predictive log-likelihood, and on synthetic test
+  data the Bayes-optimal predictor's metrics (`bayes/...`). PSP@k and the
+  Head/Torso/Tail split use the whole training file's label counts, so every
+  method and every split is scored with the same propensities.
+  """
+  dataset = run_data.validation if split == "validation" else run_data.test
+  n = config.eval.max_examples or None
+  features, labels = dataset.features[:n], dataset.labels[:n]
+  debias = (tree_sampler is not None and config.adversarial.debias_eval
+            and config.loss.kind == "adversarial_ns")
+  bias_fn = extra_fn = None
+  if debias:
+    x_proj = np.asarray(tree_sampler.project_sparse_host(features))
+    extra_fn = lambda rows: x_proj[np.maximum(rows, 0)]  # pylint: disable=unnecessary-lambda-assignment
+    bias_fn = tree_sampler.log_prob_block
+  evaluator = Evaluator(
+      bias_fn=bias_fn, extra_fn=extra_fn, with_loglik=config.eval.log_likelihood,
+      tower_apply=tower_apply, features=features, labels=labels, mesh=mesh,
+      num_labels=run_data.num_labels,
+      k=max(config.eval.k_max, min(config.eval.recall_r, run_data.num_labels)),
+      query_chunk=config.eval.query_chunk, row_block=config.eval.row_block,
+      normalize_classes=normalize_classes, max_nnz=max_nnz, max_labels=max_labels)
+  a, b = (metrics.propensity_params(run_data.train.name) if run_data.train.name
+          else (config.eval.psp_a, config.eval.psp_b))
+  propensities = metrics.jain_propensities(run_data.label_counts, run_data.train_file_points, a, b)
+  bayes_features = None
+  if run_data.synthetic is not None and split == "test":
+    bayes_features = run_data.synthetic.test.features[:evaluator.num_points]
+
+  def evaluate(state) -> dict:
+    t0 = time.perf_counter()
+    pred, loglik = evaluator.predict(state.params, state.table)
+    split_labels = evaluator.batcher.labels
+    out = multilabel_metrics(pred, split_labels, propensities, config.eval.k_max)
+    out.update(retrieval_metrics(pred, split_labels, run_data.label_counts, config.eval.recall_r))
+    if loglik is not None:  # Bamler & Mandt's predictive log-likelihood of the first label
+      out["log_likelihood"] = float(np.nanmean(loglik))
+      out["accuracy"] = float(np.mean(pred[:, 0] == first_labels(split_labels)))
+    if bayes_features is not None:
+      bayes, _ = run_data.synthetic.bayes_topk(bayes_features, config.eval.k_max)
+      b_out = multilabel_metrics(np.asarray(bayes), split_labels, propensities, config.eval.k_max)
+      out.update({f"bayes/{k}": v for k, v in b_out.items()})
+    out["eval_seconds"] = time.perf_counter() - t0
+    return out
+
+  return evaluate
 
 
 class Evaluator:

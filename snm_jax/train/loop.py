@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from snm_jax import metrics as snm_metrics
 from snm_jax import sharding
 from snm_jax.data.conversions import conversion_fn
 from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data_slice
@@ -24,14 +23,15 @@ from snm_jax.mining.samplers import padded_num_labels
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train import builders
 from snm_jax.train.checkpointing import Checkpointer, abstract_like
-from snm_jax.train.evaluate import Evaluator, multilabel_metrics, retrieval_metrics
-from snm_jax.train.host import is_writer, itstime, to_host
+from snm_jax.train.evaluate import make_evaluate
+from snm_jax.train.host import itstime, to_host
+from snm_jax.train.progress import Progress
 from snm_jax.train.run_data import load_run_data
 from snm_jax.train.step import TrainState, make_train_step
 from snm_jax.train.writers import MetricWriter
 
 
-def create_state(config, tower, num_features, table_rows, dim, tx, row_opt, mesh, max_nnz):
+def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, max_nnz):
   """Initialises the state directly with its shardings (no full table on one device)."""
   key = jax.random.key(config.seed)
   k_tower, k_table = jax.random.split(key)
@@ -40,7 +40,7 @@ def create_state(config, tower, num_features, table_rows, dim, tx, row_opt, mesh
 
   num_model = mesh.shape[sharding.MODEL]
   strata = config.mining.num_strata
-  scale = 0.0 if config.model.kind == "linear" else config.table.init_scale  # B&M start linear at 0
+  scale = builders.table_init_scale(config)
 
   def init_table_shard():
     # Block by block inside a fori_loop, each block from a key of (stratum,
@@ -93,15 +93,6 @@ def state_fingerprint(state) -> str:
   return h.hexdigest()
 
 
-def test_labels_first(labels) -> np.ndarray:
-  """Each point's first stored label, -1 for points without labels."""
-  labels = labels.tocsr()
-  first = np.full(labels.shape[0], -1, np.int64)
-  has = np.diff(labels.indptr) > 0
-  first[has] = labels.indices[labels.indptr[:-1][has]]
-  return first
-
-
 def _fit_tree(config, run_data):
   """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion."""
   from snm_jax.adversarial.training import fit_tree_sampler  # pylint: disable=g-import-not-at-top
@@ -124,7 +115,14 @@ def _scalars(metrics_dev) -> dict:
 
 
 def train_and_evaluate(config, workdir) -> dict:
-  """Trains, evaluates and writes config.json, metrics.jsonl, results.json (process 0)."""
+  """Trains, evaluates and writes config.json, metrics.jsonl, results.json (process 0).
+
+  With a validation split (`dataset.validation_fraction` > 0) every evaluation
+  also scores it, the state with the best `eval.select_metric` on it is kept
+  in `workdir/best`, training stops after `train.patience` evaluations without
+  improvement (if > 0), and `results["final"]` is the test evaluation of that
+  selected state; without one it is the last state's.
+  """
   workdir = Path(workdir)
   t_start = time.time()
 
@@ -132,9 +130,11 @@ def train_and_evaluate(config, workdir) -> dict:
   run_data = load_run_data(config)
   num_labels = run_data.num_labels
   builders.validate(config, num_labels)
-  logging.info("data: %s, %d train / %d test points, d=%d, K=%d", run_data.source,
-               run_data.train.features.shape[0], run_data.test.features.shape[0],
-               run_data.num_features, num_labels)
+  selecting = run_data.validation is not None
+  logging.info("data: %s, %d train / %d validation / %d test points, d=%d, K=%d", run_data.source,
+               run_data.train.features.shape[0],
+               run_data.validation.features.shape[0] if selecting else 0,
+               run_data.test.features.shape[0], run_data.num_features, num_labels)
 
   # ---- mesh ------------------------------------------------------------------
   mesh = sharding.make_mesh(config.mesh.shape)
@@ -154,15 +154,15 @@ def train_and_evaluate(config, workdir) -> dict:
     sampler, cdf = tree_sampler, None
   else:
     sampler, cdf = builders.make_sampler(config, num_labels, run_data.label_counts)
-  loss_spec = builders.make_loss_spec(config, num_labels)
   tx = builders.make_tower_optimizer(config)
   row_opt = builders.make_row_optimizer(config)
-  table_lr = lambda step: config.table.learning_rate  # pylint: disable=unnecessary-lambda-assignment
+  normalize_classes = builders.resolve_normalize_classes(config)
   cdf_dev = None if cdf is None else jax.device_put(cdf, sharding.named(mesh, jax.P(sharding.MODEL)))
-  train_step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt, table_lr=table_lr,
-                               sampler=sampler, loss=loss_spec, mesh=mesh,
-                               normalize_classes=config.model.normalize_classes,
-                               stratum_cdf=cdf_dev, table_rows=table_rows)
+  train_step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
+                               table_lr=builders.make_table_schedule(config), sampler=sampler,
+                               loss=builders.make_loss_spec(config, num_labels), mesh=mesh,
+                               normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
+                               table_rows=table_rows)
 
   # ---- input pipeline -------------------------------------------------------
   # This process's block of the global batch under the mesh (not jax.process_index():
@@ -173,73 +173,56 @@ def train_and_evaluate(config, workdir) -> dict:
       global_batch_size=config.train.batch_size,
       max_nnz=config.dataset.max_nnz or "auto", max_labels=config.dataset.max_labels or "auto",
       seed=config.seed, process_index=process_index, process_count=process_count)
-  max_nnz = batcher.max_nnz
 
   # ---- state (created sharded) and restore ---------------------------------------
-  state = create_state(config, tower, run_data.num_features, table_rows, dim, tx,
-                       row_opt, mesh, max_nnz)
+  state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.max_nnz)
   logging.info("state created: table %s (%s) on mesh %s", state.table.shape, state.table.dtype,
                dict(mesh.shape))
+  writer = MetricWriter(workdir, config.train.num_steps, config.train.batch_size)
   ckpt = Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+  best_ckpt = Checkpointer(workdir / "best", keep=1) if selecting else None
+  progress = Progress()
   restored = ckpt.restore_latest(abstract_like(state))
   if restored is not None:
     step0, state, data_state = restored
     batcher.set_state(data_state["iterator"])
+    progress = Progress.from_json(data_state.get("progress"))
+    writer.truncate_after(step0)
+    if best_ckpt is not None:
+      best_ckpt.delete_after(step0)
     logging.info("resumed from step %d", step0)
-  writer = MetricWriter(workdir, config.train.num_steps, config.train.batch_size)
   writer.write_json("config.json", json.loads(config.to_json_best_effort()))
 
-  debias = tree_sampler is not None and config.adversarial.debias_eval and \
-      config.loss.kind == "adversarial_ns"
-  eval_features = run_data.test.features[:config.eval.max_examples or None]
-  if debias:  # Eq. 5: score_y(x) = xi_y(x) + log p_n(y|x), block by block inside the top-k scan.
-    x_proj_test = np.asarray(tree_sampler.project_sparse_host(eval_features))
-    extra_fn = lambda rows: x_proj_test[np.maximum(rows, 0)]  # pylint: disable=unnecessary-lambda-assignment
-    bias_fn = tree_sampler.log_prob_block
-  else:
-    extra_fn = bias_fn = None
-  evaluator = Evaluator(
-      bias_fn=bias_fn, extra_fn=extra_fn, with_loglik=config.eval.log_likelihood,
-      tower_apply=tower.apply,
-      features=eval_features,
-      labels=run_data.test.labels[:config.eval.max_examples or None], mesh=mesh,
-      num_labels=num_labels, k=max(config.eval.k_max, min(config.eval.recall_r, num_labels)),
-      query_chunk=config.eval.query_chunk, row_block=config.eval.row_block,
-      normalize_classes=config.model.normalize_classes, max_nnz=max_nnz,
-      max_labels=batcher.max_labels)
-  a, b = snm_metrics.propensity_params(run_data.train.name) if run_data.train.name else (
-      config.eval.psp_a, config.eval.psp_b)
-  propensities = snm_metrics.jain_propensities(run_data.label_counts, run_data.train.features.shape[0], a, b)
+  # ---- evaluation ---------------------------------------------------------------
+  eval_kwargs = dict(tower_apply=tower.apply, mesh=mesh, normalize_classes=normalize_classes,
+                     max_nnz=batcher.max_nnz, max_labels=batcher.max_labels, tree_sampler=tree_sampler)
+  evaluate_test = make_evaluate(config, run_data, "test", **eval_kwargs)
+  evaluate_val = make_evaluate(config, run_data, "validation", **eval_kwargs) if selecting else None
+  select_metric = config.eval.select_metric
 
-  def evaluate(state) -> dict:
-    t0 = time.perf_counter()
-    pred, loglik = evaluator.predict(state.params, state.table)
-    test_labels = evaluator.batcher.labels
-    out = multilabel_metrics(pred, test_labels, propensities, config.eval.k_max)
-    out.update(retrieval_metrics(pred, test_labels, run_data.label_counts, config.eval.recall_r))
-    if loglik is not None:  # Bamler & Mandt's predictive log-likelihood of the first label
-      out["log_likelihood"] = float(np.nanmean(loglik))
-      out["accuracy"] = float(np.mean(pred[:, 0] == test_labels_first(test_labels)))
-    if run_data.synthetic is not None:
-      raw = run_data.synthetic.test.features[:evaluator.num_points]
-      bayes, _ = run_data.synthetic.bayes_topk(raw, config.eval.k_max)
-      b_out = multilabel_metrics(np.asarray(bayes), test_labels, propensities, config.eval.k_max)
-      out.update({f"bayes/{k}": v for k, v in b_out.items()})
-    out["eval_seconds"] = time.perf_counter() - t0
+  def evaluate(state, step) -> dict:
+    """Test (and validation, as `val/...`) metrics of `state`; updates the selection."""
+    out = evaluate_test(state)
+    if selecting:
+      val = evaluate_val(state)
+      if select_metric not in val:
+        raise ConfigError("eval.select_metric", f"{select_metric!r} is not one of the evaluated "
+                          f"metrics {sorted(k for k, v in val.items() if isinstance(v, float))}")
+      out.update({f"val/{k}": v for k, v in val.items()})
+      if progress.record_selection(step, val[select_metric]):
+        best_ckpt.save(step, state, {"metric": select_metric, "value": val[select_metric]})
     return out
 
   # ---- loop ------------------------------------------------------------------
   base_key = jax.random.key(config.seed + 1)
   num_steps = config.train.num_steps
   step = int(jax.device_get(state.step))
-  history = []
-  # Training time excludes evaluation (its cost differs between methods, e.g.
-  # Eq. 5 bias removal), so learning curves against seconds compare training cost.
-  train_seconds = 0.0
-  t_loop = time.perf_counter()
-  eval_seconds = 0.0
-  metrics_dev = None
+  t_segment, eval_seconds_segment = time.perf_counter(), 0.0
+  last_eval = None  # (step, every metric) of the newest evaluation of this process
   writer.progress(step, {})
+
+  def train_seconds() -> float:  # all restarts, evaluations excluded
+    return progress.train_seconds + time.perf_counter() - t_segment - eval_seconds_segment
 
   def check_finite(state):
     bad = int(jax.device_get(state.nonfinite_steps))
@@ -250,47 +233,52 @@ def train_and_evaluate(config, workdir) -> dict:
           f"checkpoint in {ckpt.directory} is kept, the run stops without saving")
     return bad
 
-  def save(state, step):
-    check_finite(state)
-    ckpt.save(step, state, {"iterator": batcher.get_state()})
-
-  while step < num_steps:
+  while step < num_steps and not progress.stopped_early:
     batch = make_global_batch(next(batcher), mesh)
     state, metrics_dev = train_step(state, batch, jax.random.fold_in(base_key, step))
     step += 1
     if step == 1 or (restored is not None and step == restored[0] + 1):
       jax.block_until_ready(metrics_dev)
-      logging.info("first step compiled and run in %.1fs", time.perf_counter() - t_loop)
+      logging.info("first step compiled and run in %.1fs", time.perf_counter() - t_segment)
     if itstime(step, config.train.log_every, num_steps):
       scalars = writer.progress(step, _scalars(metrics_dev))
       scalars["nonfinite_steps"] = check_finite(state)
-      scalars["train_seconds"] = train_seconds + time.perf_counter() - t_loop - eval_seconds
+      scalars["train_seconds"] = train_seconds()
       writer.write_scalars(step, scalars, time.time() - t_start)
-    if itstime(step, config.train.eval_every) and step < num_steps:
+    if itstime(step, config.train.eval_every, num_steps):
       jax.block_until_ready(state)
-      trained_so_far = train_seconds + time.perf_counter() - t_loop - eval_seconds
-      t_eval = time.perf_counter()
-      eval_out = evaluate(state)
-      eval_seconds += time.perf_counter() - t_eval
-      writer.write_scalars(step, {f"eval/{k}": v for k, v in eval_out.items()
-                                  if isinstance(v, float)}, time.time() - t_start)
-      history.append({"step": step, "train_seconds": trained_so_far,
-                      **{k: v for k, v in eval_out.items() if isinstance(v, float)}})
-      logging.info("eval @%d: %s", step, {k: round(v, 4) for k, v in eval_out.items() if isinstance(v, float)})
-    if config.train.checkpoint_every >= 0 and itstime(step, config.train.checkpoint_every, num_steps):
-      save(state, step)
+      trained_so_far, t_eval = train_seconds(), time.perf_counter()
+      eval_out = evaluate(state, step)
+      last_eval = (step, eval_out)
+      eval_seconds_segment += time.perf_counter() - t_eval
+      floats = {k: v for k, v in eval_out.items() if isinstance(v, float)}
+      writer.write_scalars(step, {f"eval/{k}": v for k, v in floats.items()}, time.time() - t_start)
+      progress.history.append({"step": step, "train_seconds": trained_so_far, **floats})
+      logging.info("eval @%d: %s", step, {k: round(v, 4) for k, v in floats.items()})
+      if selecting and progress.out_of_patience(config.train.patience):
+        progress.stopped_early = True
+        logging.info("early stop at step %d: %d evaluations without a better validation %s "
+                     "(best %.4f at step %d)", step, progress.evals_since_best, select_metric,
+                     progress.best_value, progress.best_step)
+    if config.train.checkpoint_every >= 0 and (
+        itstime(step, config.train.checkpoint_every, num_steps) or progress.stopped_early):
+      check_finite(state)
+      ckpt.save(step, state, {"iterator": batcher.get_state(),
+                              "progress": {**progress.to_json(), "train_seconds": train_seconds()}})
   jax.block_until_ready(state)
-  train_seconds += time.perf_counter() - t_loop - eval_seconds
+  progress.train_seconds = train_seconds()
   ckpt.wait()
 
-  # ---- final evaluation ---------------------------------------------------------
-  final = evaluate(state)
+  # ---- final evaluation: the selected state on test ---------------------------
+  last = last_eval[1] if last_eval is not None and last_eval[0] == step else None
+  final, selected = _final_evaluation(state, step, last, evaluate, evaluate_test, best_ckpt, progress,
+                                      select_metric)
   results = {
       "dataset": run_data.source, "num_labels": num_labels, "steps": step,
-      "train_seconds_this_run": train_seconds, "wall_seconds": time.time() - t_start,
-      "seconds_per_step": train_seconds / max(step, 1),
+      "train_seconds": progress.train_seconds, "wall_seconds": time.time() - t_start,
+      "seconds_per_step": progress.train_seconds / max(step, 1),
       "nonfinite_steps": check_finite(state),
-      "truncation": batcher.stats, "final": final, "history": history,
+      "truncation": batcher.stats, "final": final, "selected": selected, "history": progress.history,
       "mesh": dict(mesh.shape), "num_processes": jax.process_count(),
       "tree_fit_seconds": tree_fit_seconds,  # not included in train_seconds
       "train_seconds_excludes_eval": True,
@@ -300,5 +288,32 @@ def train_and_evaluate(config, workdir) -> dict:
   writer.write_json("results.json", results)
   writer.close()
   ckpt.close()
+  if best_ckpt is not None:
+    best_ckpt.close()
   results["state"] = state
   return results
+
+
+def _final_evaluation(state, step, last_eval, evaluate, evaluate_test, best_ckpt, progress,
+                      select_metric):
+  """(test metrics of the selected state, the selection record).
+
+  Without a validation split the selected state is the last one. With one, the
+  last state is evaluated (if the loop did not just do it) so it is a
+  candidate too, and the best validation state is restored from `best_ckpt`
+  and evaluated on test.
+  """
+  if last_eval is None:
+    last_eval = evaluate(state, step)
+  last_test = {k: v for k, v in last_eval.items() if not k.startswith("val/")}
+  if best_ckpt is None:
+    return last_test, {"step": step, "metric": None, "value": None}
+  selected = {"step": progress.best_step, "metric": select_metric,
+              "value": progress.best_value, "last_step": step,
+              "last": {k: v for k, v in last_test.items() if isinstance(v, float)},
+              "stopped_early": progress.stopped_early}
+  if progress.best_step == step:
+    return last_test, selected
+  best_ckpt.wait()
+  _, best_state, _ = best_ckpt.restore_latest(abstract_like(state))
+  return evaluate_test(best_state), selected

@@ -20,10 +20,24 @@ SUBPOPULATIONS = ("all", "head", "torso", "tail")
 _STYLES = ("-", "--", ":")  # Past the 10 colours of the default cycle.
 
 
+def total_train_seconds(result: dict) -> float:
+  """Training seconds of a results.json (`train_seconds_this_run` in files of older versions)."""
+  return result.get("train_seconds", result.get("train_seconds_this_run"))
+
+
+def _ends_with_last_step(result: dict, history: list) -> bool:
+  """Whether the history holds the last step's evaluation. Older results.json
+  files kept it only in `final`; newer ones log it in the history, and their
+  `final` is the (validation-)selected state, which may be an earlier one."""
+  return bool(history) and history[-1]["step"] == result["steps"]
+
+
 def curve(result: dict, metric: str):
-  """(steps, seconds, values) of `metric` from a results.json dict (history + final)."""
-  points = [(h["step"], h["train_seconds"], h[metric]) for h in result.get("history", []) if metric in h]
-  points.append((result["steps"], result["train_seconds_this_run"], result["final"][metric]))
+  """(steps, seconds, values) of `metric` from a results.json dict, over training."""
+  history = [h for h in result.get("history", []) if metric in h]
+  points = [(h["step"], h["train_seconds"], h[metric]) for h in history]
+  if not _ends_with_last_step(result, history):
+    points.append((result["steps"], total_train_seconds(result), result["final"][metric]))
   steps, secs, vals = zip(*points)
   return list(steps), list(secs), list(vals)
 
@@ -53,9 +67,10 @@ def train_only_curve(result: dict, metric: str):
     steps.append(h["step"])
     secs.append(h["train_seconds"] - spent)
     vals.append(h[metric])
-  steps.append(result["steps"])
-  secs.append(result["train_seconds_this_run"] - spent)
-  vals.append(result["final"][metric])
+  if not _ends_with_last_step(result, history):
+    steps.append(result["steps"])
+    secs.append(total_train_seconds(result) - spent)
+    vals.append(result["final"][metric])
   return steps, secs, vals
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snm_jax.train import loop
+from snm_jax.train import loop, recipes
+
+
+def train(config, workdir) -> dict:
+  """One run: a recipe (config.recipe.name set: derived settings, candidates chosen on
+  validation, `snm_jax.train.recipes`) or a plain `train_and_evaluate`."""
+  if config.recipe.name:
+    return recipes.run(config, workdir)
+  return loop.train_and_evaluate(config, workdir)
 
 
 def run_or_load(config, workdir, name: str = "") -> dict:
@@ -16,6 +24,6 @@ def run_or_load(config, workdir, name: str = "") -> dict:
     print(f"[{name or workdir.name}] reusing {done}", flush=True)
     return json.loads(done.read_text())
   print(f"[{name or workdir.name}] training -> {workdir}", flush=True)
-  out = loop.train_and_evaluate(config, workdir)
+  out = train(config, workdir)
   out.pop("state", None)
   return out

@@ -4,12 +4,19 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 from absl import logging
 
 from snm_jax.train.host import is_writer
+
+
+def tensorboard_tag(name: str) -> str:
+  """A metric name as a legal TensorBoard tag: `eval/P@1` -> `eval/P_at_1`
+  (TensorBoard allows only [A-Za-z0-9_./-]; metrics.jsonl keeps the plain names)."""
+  return re.sub(r"[^A-Za-z0-9_./-]", "_", name.replace("@", "_at_"))
 
 
 class MetricWriter:
@@ -30,6 +37,18 @@ class MetricWriter:
     self._last_time = None
     self._last_step = None
 
+  def truncate_after(self, step: int) -> None:
+    """Drops metrics.jsonl rows of steps > `step`: a run resumed from `step`
+    writes them again, and each step must appear once."""
+    if not self.enabled:
+      return
+    self._jsonl.close()
+    path = self.workdir / "metrics.jsonl"
+    rows = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(rows), encoding="utf-8")
+    self._jsonl = open(path, "a", encoding="utf-8")
+
   def write_scalars(self, step: int, scalars: dict, wall: float) -> None:
     if not self.enabled:
       return
@@ -39,7 +58,7 @@ class MetricWriter:
     if self._tb is not None:
       for k, v in scalars.items():
         if isinstance(v, (int, float)):
-          self._tb.add_scalar(k, v, step)
+          self._tb.add_scalar(tensorboard_tag(k), v, step)
 
   def progress(self, step: int, scalars: dict) -> None:
     """The progress line: step, steps/s, examples/s, ETA, loss."""

@@ -1,0 +1,66 @@
+r"""The extreme-classification recipe: settings derived from the data, chosen on validation.
+
+  python -m experiments.train --config=experiments/configs/xmc.py:bibtex --workdir=/tmp/xmc_bibtex
+  python -m experiments.train --config=experiments/configs/xmc.py:delicious --workdir=/tmp/xmc_delicious
+  python -m experiments.train --config=experiments/configs/xmc.py:eurlex \
+      --config.dataset.data_dir=/data/xc --workdir=/tmp/xmc_eurlex     # any XC-format folder
+  python -m experiments.train --config=experiments/configs/xmc.py:delicious,model=snm_tower --workdir=...
+
+Argument "<dataset>[,model=auto|linear|wide_deep|snm_tower][,runlocal=1]": any dataset name the
+loader finds (`<data_dir>/<name>/<name>_train.txt` and `_test.txt`, XC format), or "synthetic".
+
+What it does (snm_jax/train/recipes.py): 10% of the training file is held out as a validation
+split (by example index, seed `dataset.validation_seed`); the fields left at "auto" / -1 below
+are derived from the data's statistics:
+  model.kind           linear ([x, 1] against a K x (d+1) table: a one-vs-rest-sized linear model)
+                       while K (d + 1) <= 2^28, else the SNM tower;
+  loss / sampler       exact softmax over all labels while K <= 2^14, else sampled softmax with
+                       the logQ correction over min(8192, K) uniform negatives;
+  train.batch_size     a power of two, 32..512, at most 1/8 of the training points;
+  train.num_steps      recipe.epochs passes over the training part, clipped to [500, 4000];
+  table.learning_rate  0.16 x batch size for the linear model (the per-example step that was
+                       stable on the Bibtex and Delicious validation splits), cosine-decayed;
+and one run per point of `recipe.search` (learning rate x {0.5, 1, 2} and the multilabel
+conversion, 6 candidates) is trained, each keeping its best validation checkpoint. The candidate
+with the best validation P@1 is the result; the test split is never used to choose.
+Set any of those fields explicitly to keep it as given.
+"""
+
+from experiments.configs import common
+
+MODELS = ("auto", "linear", "wide_deep", "snm_tower")
+
+
+def get_config(arg: str = "bibtex"):
+  dataset, kv = common.parse_arg(arg)
+  c = common.base_config()
+  c.dataset.name = dataset or "bibtex"
+  c.dataset.validation_fraction = 0.1
+  c.recipe.name = "xmc"
+  c.recipe.search = ("table.learning_rate*=0.5,1,2;"
+                     "dataset.conversion=sample_one_positive,expand_all_positives")
+  model = kv.pop("model", "auto")
+  if model not in MODELS:
+    raise ValueError(f"model={model!r} is not one of {MODELS}")
+  c.model.kind = model
+  c.loss.kind = "auto"
+  c.mining.sampler = "auto"
+  c.mining.num_samples = -1
+  c.loss.scale = -1.0
+  c.train.batch_size = -1
+  c.train.num_steps = -1
+  c.train.eval_every = -1
+  c.train.checkpoint_every = 500
+  c.table.learning_rate = -1.0
+  c.table.decay = "cosine"
+  c.train.log_every = 100
+  c.train.fingerprint = False
+  if kv.pop("runlocal", "0") == "1":
+    c.recipe.min_steps = 20
+    c.recipe.max_steps = 40
+    c.recipe.search = "table.learning_rate*=1,2"
+    c.eval.max_examples = 256
+  if kv:
+    raise ValueError(f"unknown config arguments {sorted(kv)}")
+  c.lock()
+  return c

@@ -1,0 +1,189 @@
+"""Recipes: configs whose settings are derived from the data, then chosen on validation.
+
+A recipe config (`recipe.name`, e.g. experiments/configs/xmc.py) leaves some
+fields at "auto" (strings) or -1 (numbers). `run` reads the dataset once,
+fills those fields from its statistics (`DataStats`), and trains one
+candidate per point of a small grid (`recipe.search`) in
+`workdir/candidates/<name>/`, each with validation-based checkpoint selection.
+The candidate with the best validation `eval.select_metric` is the result:
+its results.json, plus a `recipe` record of the statistics, the derived
+fields and every candidate's validation value, is written to
+`workdir/results.json`. The test split is evaluated by every candidate but
+never read to choose. Finished candidates are reused and interrupted ones
+resume, so the recipe resumes like a single run.
+
+A field the user sets explicitly (anything but "auto"/-1) is kept as given.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+from absl import logging
+
+from snm_jax.errors import ConfigError
+from snm_jax.train import loop
+from snm_jax.train.host import is_writer
+from snm_jax.train.run_data import RunData, load_run_data
+
+AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataStats:
+  num_train: int            # training points after the validation split
+  num_features: int         # d
+  num_labels: int           # K
+  labels_per_point: float
+  nnz_per_point: float
+
+  @classmethod
+  def of(cls, run_data: RunData) -> "DataStats":
+    train = run_data.train
+    n = train.features.shape[0]
+    return cls(num_train=n, num_features=run_data.num_features, num_labels=run_data.num_labels,
+               labels_per_point=float(train.labels.nnz / max(n, 1)),
+               nnz_per_point=float(train.features.nnz / max(n, 1)))
+
+
+# The linear / wide models hold a K x (d + 1) table: use them up to this many entries (1 GiB of float32).
+MAX_LINEAR_TABLE = 1 << 28
+# Exact softmax over every label while scoring all K per step stays cheap next to the rest of the step.
+MAX_FULL_SOFTMAX_LABELS = 1 << 14
+# Per-example step size of the class table under SGD on the mean loss of a batch: the table's
+# learning rate is this times the batch size (measured stable on Bibtex and Delicious validation splits).
+TABLE_LR_PER_EXAMPLE = {"linear": 0.16, "wide_deep": 0.16, "snm_tower": 0.004}
+
+
+def _is_auto(value) -> bool:
+  return value == AUTO or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1)
+
+
+def derive(config, stats: DataStats) -> dict:
+  """{field: value} for every "auto" / -1 field of `config`, from the data statistics."""
+  r = config.recipe
+  kind = config.model.kind
+  if _is_auto(kind):
+    kind = "linear" if stats.num_labels * (stats.num_features + 1) <= MAX_LINEAR_TABLE else "snm_tower"
+  full = stats.num_labels <= MAX_FULL_SOFTMAX_LABELS
+  batch = config.train.batch_size
+  if _is_auto(batch):  # a power of two, at most 512 and at most 1/8 of the data
+    batch = int(2 ** np.clip(np.floor(np.log2(max(stats.num_train // 8, 1))), 5, 9))
+  steps = config.train.num_steps
+  if _is_auto(steps):
+    steps = int(np.clip(round(r.epochs * stats.num_train / batch), r.min_steps, r.max_steps))
+  wanted = {
+      "model.kind": kind,
+      "loss.kind": "full_softmax" if full else "sampled_softmax",
+      "mining.sampler": "full" if full else "uniform",
+      "mining.num_samples": (-(-stats.num_labels // config.mining.num_strata) * config.mining.num_strata
+                             if full else min(8192, stats.num_labels)),
+      "loss.scale": 1.0 if kind in ("linear", "wide_deep") else 10.0,
+      "train.batch_size": batch,
+      "train.num_steps": steps,
+      "train.eval_every": max(steps // r.evaluations, 1),
+      "table.learning_rate": TABLE_LR_PER_EXAMPLE[kind] * batch,
+  }
+  out = {}
+  for field, value in wanted.items():
+    section, name = field.split(".")
+    if _is_auto(config[section][name]):
+      out[field] = value
+  return out
+
+
+def parse_search(spec: str) -> dict:
+  """'table.learning_rate*=0.5,1,2;dataset.conversion=a,b' -> {field: (op, [values])}.
+
+  `*=` multiplies the derived value, `=` sets it. Values are parsed as numbers when they are.
+  """
+  grid = {}
+  for part in filter(None, (p.strip() for p in spec.split(";"))):
+    field, op, values = (part.partition("*=") if "*=" in part else part.partition("="))
+    if not op or not values:
+      raise ConfigError("recipe.search", f"{part!r}: expected field=v1,v2 or field*=m1,m2")
+    parsed = []
+    for v in values.split(","):
+      try:
+        parsed.append(float(v) if any(c in v for c in ".e") else int(v))
+      except ValueError:
+        parsed.append(v)
+    grid[field.strip()] = (op, parsed)
+  return grid
+
+
+def candidates(base: dict, grid: dict) -> list[tuple[str, dict]]:
+  """Every point of the grid as (name, overrides), overrides applied on top of `base`."""
+  points = [("", {})]
+  for field, (op, values) in grid.items():
+    nxt = []
+    for name, over in points:
+      for v in values:
+        value = base[field] * v if op == "*=" else v
+        label = f"{field.split('.')[-1]}_{'x' if op == '*=' else ''}{v}"
+        nxt.append((f"{name}-{label}" if name else label, {**over, field: value}))
+    points = nxt
+  return points
+
+
+def _apply(config, overrides: dict):
+  c = copy.deepcopy(config)
+  c.unlock()
+  for field, value in overrides.items():
+    section, name = field.split(".")
+    if name not in c[section]:
+      raise ConfigError("recipe.search", f"no config field {field!r}")
+    c[section][name] = value
+  c.recipe.name = ""
+  c.lock()
+  return c
+
+
+def run(config, workdir) -> dict:
+  """Derives the recipe's fields, trains every candidate, returns (and writes) the chosen one's results."""
+  workdir = Path(workdir)
+  if config.dataset.validation_fraction <= 0:
+    raise ConfigError("dataset.validation_fraction", "a recipe chooses on a validation split: set it > 0")
+  run_data = load_run_data(config)
+  stats = DataStats.of(run_data)
+  derived = derive(config, stats)
+  resolved = {**{f: config[f.split(".")[0]][f.split(".")[1]] for f in _fields(config)}, **derived}
+  grid = parse_search(config.recipe.search)
+  for field in grid:
+    if field not in resolved:
+      raise ConfigError("recipe.search", f"unknown field {field!r}")
+  logging.info("recipe %s on %s: %s; derived %s", config.recipe.name, run_data.source, stats, derived)
+  table = []
+  for name, over in candidates(resolved, grid):
+    res = _run_or_load(_apply(config, {**derived, **over}), workdir / "candidates" / name)
+    table.append({"name": name, "overrides": over, "selected_step": res["selected"]["step"],
+                  "validation": res["selected"]["value"], "steps": res["steps"],
+                  "train_seconds": res["train_seconds"]})
+  best = max(range(len(table)), key=lambda i: (table[i]["validation"], -i))
+  chosen = json.loads((workdir / "candidates" / table[best]["name"] / "results.json").read_text())
+  chosen["recipe"] = {"name": config.recipe.name, "stats": dataclasses.asdict(stats), "derived": derived,
+                      "select_metric": config.eval.select_metric, "candidates": table,
+                      "chosen": table[best]["name"],
+                      "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
+  if is_writer():
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "results.json").write_text(json.dumps(chosen, indent=2, sort_keys=True))
+  return chosen
+
+
+def _run_or_load(config, workdir: Path) -> dict:
+  done = workdir / "results.json"
+  if done.exists():
+    logging.info("candidate %s finished earlier: reusing %s", workdir.name, done)
+    return json.loads(done.read_text())
+  logging.info("candidate %s: training -> %s", workdir.name, workdir)
+  return loop.train_and_evaluate(config, workdir)
+
+
+def _fields(config):
+  return [f"{s}.{n}" for s in config.keys() if hasattr(config[s], "keys") for n in config[s].keys()
+          if not hasattr(config[s][n], "keys")]
