@@ -34,7 +34,10 @@ from snm_jax.errors import DataFormatError
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _GZIP_MAGIC = b"\x1f\x8b"
-_PAIRS_RE = re.compile(rb"[0-9]+:[^\s:]+(?: [0-9]+:[^\s:]+)*")
+# Values never contain "_": Python's float() reads "1_5" as 15.0, the format does not.
+_PAIRS_RE = re.compile(rb"[0-9]+:[^\s:_]+(?: [0-9]+:[^\s:_]+)*")
+# Ids are stored as int32 (CSR indices): a dimension above this cannot be indexed.
+_MAX_DIM = 2**31
 
 
 def is_gzip(path) -> bool:
@@ -76,7 +79,13 @@ def _parse_header(path, lineno: int, line: bytes, names: tuple[str, ...]) -> lis
     raise DataFormatError(
         path, lineno, f"header must be {len(names)} non-negative integers '{want}', "
         f"got '{shown}'")
-  return [int(t) for t in toks]
+  values = [int(t) for t in toks]
+  for name, v in zip(names, values):
+    if name != names[0] and v > _MAX_DIM:
+      raise DataFormatError(
+          path, lineno, f"header {name}={v} exceeds 2^31 = {_MAX_DIM}: ids are stored as "
+          "int32, so larger dimensions cannot be read")
+  return values
 
 
 class _CsrBuilder:
@@ -158,6 +167,8 @@ def _parse_pairs(path, lineno, toks: list[bytes], num_cols: int, what: str):
     if j >= num_cols:
       raise DataFormatError(path, lineno, f"{what} id {j} out of range [0, {num_cols})")
     try:
+      if b"_" in val_b:  # float() accepts digit separators ("1_5" -> 15.0); the format does not
+        raise ValueError
       v = float(val_b)
     except ValueError:
       raise DataFormatError(
@@ -177,6 +188,17 @@ def _parse_pairs(path, lineno, toks: list[bytes], num_cols: int, what: str):
 def _missing_rows(path, got: int, want: int):
   return DataFormatError(
       path, got + 2, f"file ends after {got} rows but the header says {want}")
+
+
+def _extra_row(path, lineno: int, want: int, first_blank: int | None, what: str):
+  """The error for a data line past the header's count; blames the first blank
+  line when there is one (it was read as an empty row and shifted the count)."""
+  if first_blank is not None:
+    return DataFormatError(
+        path, first_blank, f"blank line read as a {what} with no entries, and the file then has "
+        f"more {what}s than the header's {want} (extra data line {lineno}); remove the blank "
+        f"line, or fix the header if the {what} is really empty")
+  return DataFormatError(path, lineno, f"more {what}s than the header's {want} (extra data line)")
 
 
 def read_xc(path) -> tuple[sp.csr_matrix, sp.csr_matrix]:
@@ -203,12 +225,14 @@ def read_xc(path) -> tuple[sp.csr_matrix, sp.csr_matrix]:
                           ("num_points", "num_features", "num_labels"))
   feats, labs = _CsrBuilder(), _CsrBuilder()
   i = 0
+  first_blank = None  # a blank line is a point without labels or features
   for lineno, line in lines:
     if i == n:
       if line.strip():
-        raise DataFormatError(
-            path, lineno, f"more points than the header's {n} (extra data line)")
+        raise _extra_row(path, lineno, n, first_blank, "point")
       continue
+    if not line.strip() and first_blank is None:
+      first_blank = lineno
     if not line or line[:1].isspace():
       label_field, rest = b"", line
     else:
@@ -242,12 +266,14 @@ def read_sparse_matrix(path) -> sp.csr_matrix:
   n, d = _parse_header(path, first[0], first[1], ("num_rows", "num_cols"))
   rows = _CsrBuilder()
   i = 0
+  first_blank = None
   for lineno, line in lines:
     if i == n:
       if line.strip():
-        raise DataFormatError(
-            path, lineno, f"more rows than the header's {n} (extra data line)")
+        raise _extra_row(path, lineno, n, first_blank, "row")
       continue
+    if not line.strip() and first_blank is None:
+      first_blank = lineno
     ids, vals = _parse_pairs(path, lineno, line.split(), d, "column")
     rows.add_row(ids, vals)
     i += 1
