@@ -214,6 +214,14 @@ def run_sweep(sweep: Sweep, workdir, retry_failed: bool = False, clean: bool = F
 
 
 def main(argv):
+  try:
+    _main(argv)
+  except ConfigError as e:  # a bad --set / sweep override or field value: one line, exit status 2
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   if not _SWEEP.value or not _WORKDIR.value:

@@ -29,3 +29,12 @@ class DatasetNotFoundError(SnmJaxError, FileNotFoundError):
 
 class NonFiniteLossError(SnmJaxError, FloatingPointError):
   """Training produced a NaN/inf loss; the message names the step."""
+
+
+class CheckpointError(SnmJaxError, RuntimeError):
+  """No usable checkpoint where one is required (e.g. every checkpoint unreadable and
+  `train.on_unreadable_checkpoints='fail'`). The message names the folder and each reason."""
+
+
+class WorkdirInUseError(SnmJaxError, RuntimeError):
+  """Another run holds the workdir's lock. The message names its pid and host."""

@@ -104,6 +104,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2
   c.train.fingerprint = True      # Write a sha256 of the final state to results.json (reproducibility checks).
   c.train.on_nonfinite = "stop"   # stop | skip (the batch's update is dropped and counted).
+  c.train.max_skipped_steps = 10  # on_nonfinite=skip stops like stop once more steps than this were skipped.
+  # When no checkpoint of the workdir is readable: restart (move them aside, say so, train from step 0) | fail.
+  c.train.on_unreadable_checkpoints = "restart"
   # With a validation split: stop after this many evaluations without a better eval.select_metric (0 = never).
   c.train.patience = 0
 

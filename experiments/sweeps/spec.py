@@ -138,7 +138,8 @@ def apply_overrides(config, overrides: dict[str, Any]):
         raise KeyError(leaf)
       node[leaf] = value
     except KeyError:
-      raise ConfigError(key, "no such config field") from None
+      from snm_jax.train.builders import unknown_field_error  # pylint: disable=g-import-not-at-top
+      raise unknown_field_error(config, key) from None
     except TypeError as e:
       raise ConfigError(key, f"cannot set {value!r}: {e}") from None
   return config

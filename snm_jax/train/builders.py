@@ -28,6 +28,61 @@ def _field(section, name, default):
   return section.get(name, default)
 
 
+# Fields a recipe (recipe.name, snm_jax/train/recipes.py `derive`) may leave at "auto" / -1 and
+# resolves from the data before training; a plain run must set them. Allowed values for the message.
+RECIPE_FIELDS = {
+    "model.kind": f"one of {list(MODEL_KINDS)}",
+    "loss.kind": f"one of {list(LOSS_KINDS)}",
+    "mining.sampler": f"one of {list(SAMPLERS)}",
+    "mining.num_samples": "an integer >= 1",
+    "loss.scale": "a number > 0",
+    "train.batch_size": "an integer >= 1",
+    "train.num_steps": "an integer >= 0",
+    "train.eval_every": "an integer >= 0 (0 = only at the end)",
+    "table.learning_rate": "a number >= 0",
+}
+TABLE_OPTIMIZERS = ("sgd", "momentum", "adagrad")
+TOWER_OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+VARTHETA_SCALES = ("mean", "expectation")
+ON_NONFINITE = ("stop", "skip")
+ON_UNREADABLE = ("restart", "fail")
+DISTRIBUTED_MODES = ("auto", "yes", "no")
+
+
+def _is_sentinel(value) -> bool:
+  """The recipe's "auto" / -1 placeholder (recipes._is_auto)."""
+  return value == "auto" or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and value == -1)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value) -> bool:
+  return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+      value, (bool, np.bool_)) and bool(np.isfinite(value))
+
+
+def _int(field, value, lo, hi=None, note=""):
+  """An integer in [lo, hi]; `note` says what the bound means."""
+  if not (_is_int(value) and value >= lo and (hi is None or value <= hi)):
+    bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+    raise ConfigError(field, f"must be an integer {bounds}{note}, got {value!r}")
+
+
+def _real(field, value, lo, lo_open=False, note=""):
+  """A finite number >= lo (> lo with lo_open)."""
+  if not (_is_real(value) and (value > lo if lo_open else value >= lo)):
+    raise ConfigError(field, f"must be a finite number {'>' if lo_open else '>='} {lo}{note}, "
+                      f"got {value!r}")
+
+
+def _bool(field, value):
+  if not isinstance(value, (bool, np.bool_)):
+    raise ConfigError(field, f"must be True or False, got {value!r}")
+
+
 def _nonnegative(field, value):
   if not value >= 0:
     raise ConfigError(field, f"must be >= 0, got {value!r}")
@@ -43,59 +98,254 @@ def _one_of(field, value, allowed):
     raise ConfigError(field, f"{value!r} is not one of {list(allowed)}")
 
 
-def validate(config, num_labels: int) -> None:
-  """Checks the fields that do not depend on the data beyond K. Raises ConfigError."""
-  _one_of("loss.kind", config.loss.kind, LOSS_KINDS)
-  _one_of("loss.reduction", config.loss.reduction, REDUCTIONS)
-  _one_of("mining.sampler", config.mining.sampler, SAMPLERS)
-  _one_of("mining.vartheta", config.mining.vartheta, VARTHETAS)
-  _one_of("model.kind", config.model.kind, MODEL_KINDS)
-  resolve_normalize_classes(config)  # explicit True with a linear kind
-  _rate("model.dropout", _field(config.model, "dropout", 0.0))
-  _rate("model.feature_dropout", _field(config.model, "feature_dropout", 0.0))
-  if config.model.kind == "linear" and _field(config.model, "dropout", 0.0):
-    raise ConfigError("model.dropout", "model.kind=linear has no hidden layer to drop; "
-                      "use model.feature_dropout (or model.kind=snm_tower | wide_deep)")
-  _nonnegative("optimizer.weight_decay", _field(config.optimizer, "weight_decay", 0.0))
-  _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
-  _nonnegative("optimizer.warmup_steps", config.optimizer.warmup_steps)
+def config_fields(config, prefix: str = "") -> list[str]:
+  """Every leaf field of a ConfigDict as a dotted name ("mining.k", "dataset.synthetic.dim")."""
+  out = []
+  for key in config.keys():
+    value = config[key]
+    if hasattr(value, "keys"):
+      out += config_fields(value, f"{prefix}{key}.")
+    else:
+      out.append(f"{prefix}{key}")
+  return out
+
+
+def unknown_field_error(config, field: str) -> ConfigError:
+  """The ConfigError for an override of a field `config` does not have, naming the closest
+  valid names (difflib), e.g. `config.mining.kk: no such config field; closest: mining.k`."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  names = config_fields(config)
+  close = difflib.get_close_matches(field, names, n=3, cutoff=0.6)
+  if "." in field:  # also the leaf alone among its section's fields
+    section, leaf = field.rsplit(".", 1)
+    leaves = [n[len(section) + 1:] for n in names if n.startswith(section + ".")]
+    close += [f"{section}.{n}" for n in difflib.get_close_matches(leaf, leaves, n=3, cutoff=0.5)
+              if f"{section}.{n}" not in close]
+  hint = (f"closest: {', '.join(close[:3])}" if close else
+          f"the sections are {', '.join(k for k in config.keys() if hasattr(config[k], 'keys'))}")
+  return ConfigError(field, f"no such config field; {hint} (every field: experiments/configs/common.py)")
+
+
+def _recipe_placeholders(config) -> set:
+  """The RECIPE_FIELDS left at "auto" / -1. Raises ConfigError for one in a plain run."""
+  recipe = _field(config, "recipe", None)
+  in_recipe = bool(recipe is not None and recipe.get("name", ""))
+  out = set()
+  for field, allowed in RECIPE_FIELDS.items():
+    section, name = field.split(".")
+    value = config[section][name]
+    if _is_sentinel(value):
+      if not in_recipe:
+        raise ConfigError(field, f"{value!r} is a placeholder that only a recipe resolves from the "
+                          "data (recipe.name set, e.g. experiments/configs/xmc.py); a plain run "
+                          f"needs {allowed}")
+      out.add(field)
+  return out
+
+
+def _validate_recipe(config) -> None:
+  from snm_jax.train import recipes  # pylint: disable=g-import-not-at-top  (recipes imports the loop)
+  r = config.recipe
+  grid = recipes.parse_search(r.search)
+  for field in grid:
+    section, _, name = field.partition(".")
+    if section not in config or not hasattr(config[section], "keys") or name not in config[section]:
+      raise ConfigError("recipe.search", f"no config field {field!r} (a search entry is "
+                        "section.field=v1,v2 or section.field*=m1,m2)")
+  _real("recipe.epochs", r.epochs, 0, lo_open=True)
+  _int("recipe.min_steps", r.min_steps, 1)
+  _int("recipe.max_steps", r.max_steps, r.min_steps, note=" (recipe.min_steps)")
+  _int("recipe.evaluations", r.evaluations, 1)
+  if not config.dataset.validation_fraction > 0:
+    raise ConfigError("dataset.validation_fraction", "a recipe chooses on a validation split: "
+                      f"must be in (0, 1), got {config.dataset.validation_fraction!r}")
+
+
+def validate(config, num_labels: int | None = None) -> None:
+  """Checks every config field. Raises ConfigError naming the first bad one.
+
+  Without `num_labels` only what needs no data is checked (run before
+  loading anything); with it, also the checks that depend on K (vartheta
+  construction, K >= 2). A recipe config (recipe.name set) may leave the
+  RECIPE_FIELDS at "auto" / -1 (their checks are skipped; the candidates
+  the recipe trains are validated resolved); a plain run may not.
+  """
+  auto = _recipe_placeholders(config)
+
+  def given(*fields) -> bool:
+    return not any(f in auto for f in fields)
+
+  _int("seed", config.seed, 0, 2**31 - 2)
+  # ---- dataset
+  d = config.dataset
+  if not (isinstance(d.name, str) and d.name):
+    raise ConfigError("dataset.name", f"must be a dataset name or 'synthetic', got {d.name!r}")
+  from snm_jax.data.conversions import CONVERSIONS  # pylint: disable=g-import-not-at-top
+  _one_of("dataset.conversion", d.conversion, sorted(CONVERSIONS))
+  _int("dataset.max_nnz", d.max_nnz, 0, note=" (0 = the largest row)")
+  _int("dataset.max_labels", d.max_labels, 0, note=" (0 = the largest label set)")
+  _bool("dataset.normalize_rows", d.normalize_rows)
+  fraction = _field(d, "validation_fraction", 0.0)
+  if not (_is_real(fraction) and 0 <= fraction < 1):
+    raise ConfigError("dataset.validation_fraction", f"must be in [0, 1) (0 = no validation "
+                      f"split), got {fraction!r}")
+  _int("dataset.validation_seed", _field(d, "validation_seed", 0), 0)
+  if d.name == "synthetic":
+    s = d.synthetic
+    _int("dataset.synthetic.num_labels", s.num_labels, 2)
+    _int("dataset.synthetic.num_train", s.num_train, 1)
+    _int("dataset.synthetic.num_test", s.num_test, 1)
+    _int("dataset.synthetic.dim", s.dim, 1)
+    _int("dataset.synthetic.seed", s.seed, 0)
+  # ---- model
+  m = config.model
+  if given("model.kind"):
+    _one_of("model.kind", m.kind, MODEL_KINDS)
+    resolve_normalize_classes(config)  # explicit True with a linear kind
+    if m.kind == "linear" and _field(m, "dropout", 0.0):
+      raise ConfigError("model.dropout", "model.kind=linear has no hidden layer to drop; "
+                        "use model.feature_dropout (or model.kind=snm_tower | wide_deep)")
+  _int("model.hidden", m.hidden, 1)
+  _int("model.out", m.out, 1)
+  if m.normalize_classes is not None:
+    _bool("model.normalize_classes", m.normalize_classes)
+  _rate("model.dropout", _field(m, "dropout", 0.0))
+  _rate("model.feature_dropout", _field(m, "feature_dropout", 0.0))
+  # ---- optimisers
+  o = config.optimizer
+  _one_of("optimizer.name", o.name, TOWER_OPTIMIZERS)
+  _real("optimizer.learning_rate", o.learning_rate, 0, note=" (0 freezes the tower)")
+  if o.name == "momentum":
+    _real("optimizer.momentum", o.momentum, 0)
+    if not o.momentum < 1:
+      raise ConfigError("optimizer.momentum", f"must be in [0, 1), got {o.momentum!r}")
+  _real("optimizer.weight_decay", _field(o, "weight_decay", 0.0), 0)
+  _one_of("optimizer.decay", _field(o, "decay", "constant"), DECAYS)
+  _int("optimizer.warmup_steps", _field(o, "warmup_steps", 0), 0)
   t = config.table
-  _nonnegative("table.weight_decay", _field(t, "weight_decay", 0.0))
-  if _field(t, "weight_decay", 0.0) * t.learning_rate >= 1.0:
+  _one_of("table.optimizer", t.optimizer, TABLE_OPTIMIZERS)
+  if given("table.learning_rate"):
+    _real("table.learning_rate", t.learning_rate, 0, note=" (0 freezes the class table)")
+  if t.optimizer == "momentum":
+    if not (_is_real(t.momentum) and 0 <= t.momentum < 1):
+      raise ConfigError("table.momentum", f"must be in [0, 1), got {t.momentum!r}")
+  if given("model.kind") and m.kind == "snm_tower":
+    _real("table.init_scale", t.init_scale, 0, lo_open=True,
+          note=" (model.kind=snm_tower normalises the rows: zero rows are singular)")
+  _real("table.weight_decay", _field(t, "weight_decay", 0.0), 0)
+  if given("table.learning_rate") and _field(t, "weight_decay", 0.0) * t.learning_rate >= 1.0:
     raise ConfigError("table.weight_decay", f"table.learning_rate * table.weight_decay = "
                       f"{t.learning_rate} * {_field(t, 'weight_decay', 0.0)} must be < 1 (each "
                       "touched row is multiplied by 1 - lr * weight_decay)")
   _one_of("table.decay", _field(t, "decay", "constant"), DECAYS)
-  _nonnegative("table.warmup_steps", _field(t, "warmup_steps", 0))
-  _one_of("train.on_nonfinite", config.train.on_nonfinite, ("stop", "skip"))
-  b, k = config.mining.num_samples, config.mining.k
-  if b < 1:
-    raise ConfigError("mining.num_samples", f"B must be >= 1, got {b}")
-  if config.loss.kind in ("bowl", "powl") and not 1 <= k <= b:
-    raise ConfigError("mining.k", f"k={k} must be in [1, mining.num_samples={b}]")
-  if config.mining.sampler == "full":
-    if config.loss.kind != "full_softmax":
-      raise ConfigError("mining.sampler", "'full' scores every label; use it with loss.kind=full_softmax")
-  elif config.loss.kind == "full_softmax":
-    raise ConfigError("loss.kind", "full_softmax needs mining.sampler='full'")
-  if config.loss.kind == "adversarial_ns" and config.mining.sampler != "tree":
-    raise ConfigError("loss.kind", "adversarial_ns (Eq. 6) needs mining.sampler='tree'")
-  if config.loss.kind == "nce" and config.mining.sampler not in ("uniform", "tree"):
-    raise ConfigError("loss.kind", "nce needs mining.sampler='uniform' or 'tree'")
-  if config.mining.sampler == "tree" and config.loss.kind in ("sampled_softmax", "full_softmax"):
-    raise ConfigError("mining.sampler", f"the tree sampler does not support loss.kind={config.loss.kind}")
-  if config.loss.kind == "sampled_softmax" and config.mining.sampler == "unigram":
-    raise ConfigError("loss.kind", "sampled_softmax's logQ correction of the positive is "
-                      "implemented for the uniform sampler only")
-  if config.loss.reduction == "s2m" and not 1 <= config.loss.k_prime <= config.train.batch_size:
-    raise ConfigError("loss.k_prime",
-                      f"k'={config.loss.k_prime} must be in [1, train.batch_size={config.train.batch_size}]")
-  if num_labels < 2:
-    raise ConfigError("dataset.name", f"needs at least 2 labels, got {num_labels}")
+  _int("table.warmup_steps", _field(t, "warmup_steps", 0), 0)
+  # ---- loss and mining
+  lo, mi = config.loss, config.mining
+  if given("loss.kind"):
+    _one_of("loss.kind", lo.kind, LOSS_KINDS)
+  _one_of("loss.reduction", lo.reduction, REDUCTIONS)
   try:
-    losses.get_phi(config.loss.phi)
+    losses.get_phi(lo.phi)
   except ValueError as e:
     raise ConfigError("loss.phi", str(e)) from None
+  if lo.phi == "ramp":
+    _real("loss.ramp_rho", lo.ramp_rho, 0, lo_open=True)
+  if given("loss.scale"):
+    _real("loss.scale", lo.scale, 0, lo_open=True, note=" (scores are multiplied by it)")
+  _real("loss.adv_lambda", lo.adv_lambda, 0)
+  if given("mining.sampler"):
+    _one_of("mining.sampler", mi.sampler, SAMPLERS)
+  _one_of("mining.vartheta", mi.vartheta, VARTHETAS)
+  _one_of("mining.scale", mi.scale, VARTHETA_SCALES)
+  _bool("mining.per_example", mi.per_example)
+  _int("mining.num_strata", mi.num_strata, 1, note=" (sampling strata V)")
+  if given("mining.sampler") and mi.sampler == "unigram":
+    _real("mining.unigram_power", mi.unigram_power, 0)
+  _real("mining.floor", mi.floor, 0)
+  if mi.vartheta == "power_law":
+    _real("mining.power_alpha", mi.power_alpha, 0)
+  if given("mining.num_samples"):
+    b = mi.num_samples
+    if not (_is_int(b) and b >= 1):
+      raise ConfigError("mining.num_samples", f"B must be an integer >= 1, got {b!r}")
+    if given("loss.kind") and lo.kind in ("bowl", "powl") and not (_is_int(mi.k) and 1 <= mi.k <= b):
+      raise ConfigError("mining.k", f"k={mi.k!r} must be in [1, mining.num_samples={b}]")
+  if given("mining.sampler", "loss.kind"):
+    if mi.sampler == "full":
+      if lo.kind != "full_softmax":
+        raise ConfigError("mining.sampler", "'full' scores every label; use it with loss.kind=full_softmax")
+    elif lo.kind == "full_softmax":
+      raise ConfigError("loss.kind", "full_softmax needs mining.sampler='full'")
+    if lo.kind == "adversarial_ns" and mi.sampler != "tree":
+      raise ConfigError("loss.kind", "adversarial_ns (Eq. 6) needs mining.sampler='tree'")
+    if lo.kind == "nce" and mi.sampler not in ("uniform", "tree"):
+      raise ConfigError("loss.kind", "nce needs mining.sampler='uniform' or 'tree'")
+    if mi.sampler == "tree" and lo.kind in ("sampled_softmax", "full_softmax"):
+      raise ConfigError("mining.sampler", f"the tree sampler does not support loss.kind={lo.kind}")
+    if lo.kind == "sampled_softmax" and mi.sampler == "unigram":
+      raise ConfigError("loss.kind", "sampled_softmax's logQ correction of the positive is "
+                        "implemented for the uniform sampler only")
+  if given("mining.sampler") and mi.sampler == "tree":
+    a = config.adversarial
+    _int("adversarial.pca_dim", a.pca_dim, 1)
+    _real("adversarial.node_reg", a.node_reg, 0)
+    _int("adversarial.max_reassign_iters", a.max_reassign_iters, 0)
+    _bool("adversarial.debias_eval", a.debias_eval)
+  # ---- mesh
+  shape = tuple(config.mesh.shape) if isinstance(config.mesh.shape, (tuple, list)) else None
+  if (shape is None or len(shape) != 2 or not all(_is_int(v) and (v >= 1 or v == -1) for v in shape)
+      or shape.count(-1) > 1):
+    raise ConfigError("mesh.shape", f"must be (data, model) with integers >= 1 and at most one -1 "
+                      f"(the remaining devices), got {config.mesh.shape!r}")
+  # ---- train
+  tr = config.train
+  if given("train.batch_size"):
+    _int("train.batch_size", tr.batch_size, 1, note=" (the global minibatch)")
+    if lo.reduction == "s2m" and not (_is_int(lo.k_prime) and 1 <= lo.k_prime <= tr.batch_size):
+      raise ConfigError("loss.k_prime",
+                        f"k'={lo.k_prime!r} must be in [1, train.batch_size={tr.batch_size}]")
+  if given("train.num_steps"):
+    _int("train.num_steps", tr.num_steps, 0, note=" (0 = evaluate the initial state only)")
+  _int("train.log_every", tr.log_every, 1)
+  if given("train.eval_every"):
+    _int("train.eval_every", tr.eval_every, 0, note=" (0 = only at the end)")
+  _int("train.checkpoint_every", tr.checkpoint_every, -1, note=" (0 = only at the end, -1 = never)")
+  _int("train.keep_checkpoints", tr.keep_checkpoints, 1)
+  _bool("train.fingerprint", tr.fingerprint)
+  _one_of("train.on_nonfinite", tr.on_nonfinite, ON_NONFINITE)
+  _int("train.max_skipped_steps", _field(tr, "max_skipped_steps", 10), 0)
+  _one_of("train.on_unreadable_checkpoints", _field(tr, "on_unreadable_checkpoints", "restart"),
+          ON_UNREADABLE)
+  _int("train.patience", _field(tr, "patience", 0), 0, note=" (0 = never stop early)")
+  if _field(tr, "patience", 0) and not fraction > 0:
+    raise ConfigError("train.patience", f"{tr.patience} needs a validation split to watch "
+                      "(dataset.validation_fraction > 0); 0 = never stop early")
+  # ---- eval
+  e = config.eval
+  _int("eval.k_max", e.k_max, 1, note=" (P@k etc. for k = 1..k_max)")
+  _int("eval.recall_r", e.recall_r, 1)
+  _int("eval.query_chunk", e.query_chunk, 1)
+  _int("eval.row_block", e.row_block, 1)
+  _int("eval.max_examples", e.max_examples, 0, note=" (0 = all)")
+  _bool("eval.log_likelihood", e.log_likelihood)
+  _real("eval.psp_a", e.psp_a, 0, lo_open=True)
+  _real("eval.psp_b", e.psp_b, 0, lo_open=True)
+  select = _field(e, "select_metric", "P@1")
+  if not (isinstance(select, str) and select):
+    raise ConfigError("eval.select_metric", f"must be a metric name such as 'P@1', got {select!r}")
+  # ---- recipe, distributed
+  if _field(config, "recipe", None) is not None and config.recipe.get("name", ""):
+    _validate_recipe(config)
+  dist = _field(config, "distributed", None)
+  if dist is not None:
+    _one_of("distributed.initialize", dist.initialize, DISTRIBUTED_MODES)
+    _int("distributed.num_processes", dist.num_processes, 0, note=" (0 = from the environment)")
+    _int("distributed.process_id", dist.process_id, -1, note=" (-1 = from the environment)")
+  # ---- with the data: K
+  if num_labels is None or auto:
+    return
+  if num_labels < 2:
+    raise ConfigError("dataset.name", f"needs at least 2 labels, got {num_labels}")
   make_loss_spec(config, num_labels)  # vartheta construction errors
 
 

@@ -123,6 +123,7 @@ def train_and_evaluate(config, workdir) -> dict:
   improvement (if > 0), and `results["final"]` is the test evaluation of that
   selected state; without one it is the last state's.
   """
+  builders.validate(config)  # every field the data is not needed for, before any loading
   workdir = Path(workdir)
   t_start = time.time()
 

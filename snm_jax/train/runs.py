@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snm_jax.train import loop, recipes
+from snm_jax.train import builders, loop, recipes
 
 
 def train(config, workdir) -> dict:
   """One run: a recipe (config.recipe.name set: derived settings, candidates chosen on
-  validation, `snm_jax.train.recipes`) or a plain `train_and_evaluate`."""
+  validation, `snm_jax.train.recipes`) or a plain `train_and_evaluate`. Every field is
+  validated first (ConfigError), before any data is loaded."""
+  builders.validate(config)
   if config.recipe.name:
     return recipes.run(config, workdir)
   return loop.train_and_evaluate(config, workdir)

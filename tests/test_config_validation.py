@@ -1,0 +1,165 @@
+"""Bad input gets a clear error before anything runs (issue "Reliability"): every
+field is validated in one place (`builders.validate`), each message starts with
+`config.<field>:` and says what is allowed, an unknown `--config.<field>` names
+the closest valid ones, and the CLI exits with status 2 and one line."""
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.configs import default, xmc
+from snm_jax.errors import ConfigError
+from snm_jax.train import builders
+from snm_jax.train.loop import train_and_evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = {"recipe.name": "xmc", "dataset.validation_fraction": 0.1}
+
+# (overrides, the field the error must name, words the message must hold)
+BAD = [
+    ({"optimizer.learning_rate": -0.1}, "optimizer.learning_rate", ">= 0"),
+    ({"optimizer.learning_rate": math.nan}, "optimizer.learning_rate", "finite"),
+    ({"table.learning_rate": -1.0}, "table.learning_rate", ">= 0"),
+    ({"loss.scale": 0.0}, "loss.scale", "> 0"),
+    ({"loss.scale": -8.0}, "loss.scale", "> 0"),
+    ({"optimizer.warmup_steps": -1}, "optimizer.warmup_steps", ">= 0"),
+    ({"table.warmup_steps": -5}, "table.warmup_steps", ">= 0"),
+    ({"train.log_every": 0}, "train.log_every", ">= 1"),
+    ({"train.num_steps": -5}, "train.num_steps", ">= 0"),
+    ({"train.num_steps": -1}, "train.num_steps", "only a recipe resolves"),
+    ({"train.keep_checkpoints": 0}, "train.keep_checkpoints", ">= 1"),
+    ({"mining.num_strata": 0}, "mining.num_strata", ">= 1"),
+    ({"model.hidden": 0}, "model.hidden", ">= 1"),
+    ({"model.out": -3}, "model.out", ">= 1"),
+    ({"eval.k_max": 0}, "eval.k_max", ">= 1"),
+    ({"eval.row_block": 0}, "eval.row_block", ">= 1"),
+    ({"eval.query_chunk": 0}, "eval.query_chunk", ">= 1"),
+    ({"eval.recall_r": 0}, "eval.recall_r", ">= 1"),
+    ({"eval.max_examples": -2}, "eval.max_examples", ">= 0"),
+    ({"eval.psp_a": 0.0}, "eval.psp_a", "> 0"),
+    ({"train.batch_size": 0}, "train.batch_size", ">= 1"),
+    ({"train.batch_size": -1}, "train.batch_size", "only a recipe resolves"),
+    ({"model.kind": "auto"}, "model.kind", "['snm_tower', 'linear', 'wide_deep']"),
+    ({"dataset.conversion": "sample_one"}, "dataset.conversion", "'sample_one_positive'"),
+    ({"dataset.validation_fraction": 1.0}, "dataset.validation_fraction", "[0, 1)"),
+    ({"mining.num_samples": 0}, "mining.num_samples", ">= 1"),
+    ({"mining.k": 0}, "mining.k", "[1, mining.num_samples=64]"),
+    ({"mining.scale": "median"}, "mining.scale", "['mean', 'expectation']"),
+    ({"loss.phi": "hinj"}, "loss.phi", "hinge"),
+    ({"loss.reduction": "s2m", "loss.k_prime": 0}, "loss.k_prime", "[1, train.batch_size=32]"),
+    ({"train.checkpoint_every": -2}, "train.checkpoint_every", "-1 = never"),
+    ({"train.eval_every": -1}, "train.eval_every", "only a recipe resolves"),
+    ({"train.eval_every": -4}, "train.eval_every", ">= 0"),
+    ({"train.on_nonfinite": "ignore"}, "train.on_nonfinite", "['stop', 'skip']"),
+    ({"train.max_skipped_steps": -1}, "train.max_skipped_steps", ">= 0"),
+    ({"train.on_unreadable_checkpoints": "ignore"}, "train.on_unreadable_checkpoints",
+     "['restart', 'fail']"),
+    ({"train.patience": 3}, "train.patience", "validation_fraction > 0"),
+    ({"mesh.shape": (0, 1)}, "mesh.shape", "integers >= 1"),
+    ({"mesh.shape": (-1, -1)}, "mesh.shape", "at most one -1"),
+    ({"table.optimizer": "adam"}, "table.optimizer", "['sgd', 'momentum', 'adagrad']"),
+    ({"optimizer.name": "rmsprop"}, "optimizer.name", "'adam'"),
+    ({"optimizer.momentum": 1.0}, "optimizer.momentum", "[0, 1)"),
+    ({"table.init_scale": 0.0}, "table.init_scale", "> 0"),
+    ({"seed": -1}, "seed", "[0, "),
+    ({"dataset.synthetic.num_labels": 1}, "dataset.synthetic.num_labels", ">= 2"),
+    ({"distributed.initialize": "maybe"}, "distributed.initialize", "['auto', 'yes', 'no']"),
+    ({**RECIPE, "recipe.search": "table.lr*=1,2"}, "recipe.search", "no config field 'table.lr'"),
+    ({**RECIPE, "recipe.search": "table.learning_rate"}, "recipe.search", "expected field=v1,v2"),
+    ({**RECIPE, "recipe.min_steps": 0}, "recipe.min_steps", ">= 1"),
+    ({**RECIPE, "recipe.max_steps": 100, "recipe.min_steps": 200}, "recipe.max_steps", ">= 200"),
+    ({**RECIPE, "recipe.evaluations": 0}, "recipe.evaluations", ">= 1"),
+    ({**RECIPE, "recipe.epochs": 0.0}, "recipe.epochs", "> 0"),
+    ({"recipe.name": "xmc"}, "dataset.validation_fraction", "validation split"),
+]
+
+
+def config(overrides):
+  c = default.get_config("runlocal")
+  c.dataset.name = "synthetic"
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def test_the_table_is_large():
+  assert len(BAD) >= 25 and len({field for _, field, _ in BAD}) >= 40
+
+
+@pytest.mark.parametrize("overrides,field,words", BAD, ids=[f"{f}={list(o.values())[-1]}" for o, f, _ in BAD])
+def test_bad_field_is_named_before_anything_runs(tmp_path, overrides, field, words):
+  workdir = tmp_path / "run"
+  t0 = time.perf_counter()
+  with pytest.raises(ConfigError) as info:  # experiments.train: exit status 2
+    train_and_evaluate(config(overrides), workdir)
+  assert time.perf_counter() - t0 < 3
+  assert info.value.field == field
+  assert str(info.value).startswith(f"config.{field}: "), str(info.value)
+  assert words in str(info.value), str(info.value)
+  assert not workdir.exists()  # before the lock, the data and any compilation
+
+
+def test_shipped_and_recipe_configs_validate():
+  builders.validate(default.get_config(), 159)
+  builders.validate(xmc.get_config("bibtex"))  # "auto" / -1 are the recipe's to resolve
+  plain = xmc.get_config("bibtex")
+  plain.unlock()
+  plain.recipe.name = ""
+  with pytest.raises(ConfigError, match=r"^config\.model\.kind: 'auto' is a placeholder that only a recipe"):
+    builders.validate(plain)
+
+
+def test_recipe_fields_match_what_recipes_derive():
+  from snm_jax.train import recipes  # pylint: disable=g-import-not-at-top
+  c = xmc.get_config("bibtex")
+  c.unlock()
+  c.model.kind = "auto"
+  stats = recipes.DataStats(num_train=1000, num_features=50, num_labels=100, labels_per_point=2.0,
+                            nnz_per_point=5.0)
+  assert set(recipes.derive(c, stats)) == set(builders.RECIPE_FIELDS)
+
+
+def test_unknown_field_names_the_closest_ones():
+  err = builders.unknown_field_error(default.get_config(), "mining.kk")
+  assert str(err).startswith("config.mining.kk: no such config field; closest: mining.k")
+  assert "closest: train.keep_checkpoints" in str(builders.unknown_field_error(
+      default.get_config(), "train.keep_checkpoint"))
+
+
+def _cli(*args, module="experiments.train"):
+  t0 = time.perf_counter()
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                        timeout=120)
+  return proc, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("override,field,words", [
+    ("--config.mining.kk=3", "mining.kk", "no such config field; closest: mining.k"),
+    ("--config.train.log_every=0", "train.log_every", "must be an integer >= 1, got 0"),
+    ("--config.eval.k_max=0", "eval.k_max", ">= 1"),
+    ("--config.dataset.conversion=first", "dataset.conversion", "'first_label'"),
+    ("--config.train.batch_size=-1", "train.batch_size", "only a recipe resolves"),
+])
+def test_cli_prints_one_line_and_exits_2(tmp_path, override, field, words):
+  proc, seconds = _cli("--config=experiments/configs/default.py:runlocal", override,
+                       f"--workdir={tmp_path / 'run'}")
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert proc.stderr.startswith(f"error: config.{field}: ") and words in proc.stderr, proc.stderr
+  assert seconds < 20 and not (tmp_path / "run").exists()
+
+
+def test_ablate_unknown_set_field_is_one_line(tmp_path):
+  proc, _ = _cli("--sweep=experiments/sweeps/table2_bibtex.py", f"--workdir={tmp_path}",
+                 "--set=mining.kk=3", "--print_commands", module="experiments.ablate")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: config.mining.kk: no such config field; closest: mining.k"), proc.stderr
