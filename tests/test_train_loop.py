@@ -74,7 +74,9 @@ def test_bad_config_fails_before_compiling_with_the_field_named(tmp_path, field,
 def test_nonfinite_loss_stops_naming_the_step(tmp_path):
   c = synthetic_config(**{"loss.phi": "exponential", "loss.scale": 1e5, "train.num_steps": 5,
                           "train.log_every": 5})
-  with pytest.raises(NonFiniteLossError, match="step 0"):
+  # Steps are numbered as the progress line counts them (the first step is step 1), and the
+  # message does not claim a checkpoint that does not exist.
+  with pytest.raises(NonFiniteLossError, match="at step 1 of 5 .*no checkpoint was saved yet"):
     train_and_evaluate(c, tmp_path)
 
 

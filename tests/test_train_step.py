@@ -126,7 +126,11 @@ def test_nonfinite_loss_drops_the_update():
   st, m = s["step"](s["state"], bad, KEY)
   assert not np.isfinite(float(m["loss"]))
   np.testing.assert_array_equal(np.asarray(st.table), np.asarray(s["state"].table))
-  assert int(st.nonfinite_steps) == 1 and int(st.first_nonfinite_step) == 0
+  for a, b in zip(jax.tree.leaves((st.params, st.opt_state)), jax.tree.leaves((s["state"].params,
+                                                                              s["state"].opt_state))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the tower's update is dropped too
+  # Numbered as the logs count steps: the first step is step 1.
+  assert int(st.nonfinite_steps) == 1 and int(st.first_nonfinite_step) == 1
 
 
 def test_valid_negatives_metric_counts_the_mask():

@@ -525,7 +525,10 @@ def make_tower_optimizer(config) -> optax.GradientTransformation:
     raise ConfigError("optimizer.name", f"{o.name!r} is not one of {sorted(table)}")
   tx = table[o.name]()
   if config.train.on_nonfinite == "skip":
-    # Drops updates whose gradients are not finite (the table does the same in the step).
+    # The train step itself drops a non-finite step's whole update (tower and table) and
+    # counts it (train.max_skipped_steps bounds them). This wrapper, redundant with that,
+    # is kept because it is part of the skip mode's optimiser state: removing it would
+    # change the bits of skip-mode runs and make their checkpoints unrestorable.
     tx = optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)
   return tx
 

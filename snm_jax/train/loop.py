@@ -225,13 +225,24 @@ def train_and_evaluate(config, workdir) -> dict:
   def train_seconds() -> float:  # all restarts, evaluations excluded
     return progress.train_seconds + time.perf_counter() - t_segment - eval_seconds_segment
 
+  max_skipped = config.train.get("max_skipped_steps", 10)
+
   def check_finite(state):
+    """The number of non-finite steps so far; raises NonFiniteLossError under "stop", or
+    under "skip" once more than train.max_skipped_steps were skipped."""
     bad = int(jax.device_get(state.nonfinite_steps))
-    if bad and config.train.on_nonfinite == "stop":
+    stop = config.train.on_nonfinite == "stop"
+    if bad and (stop or bad > max_skipped):
       first = int(jax.device_get(state.first_nonfinite_step))
+      ckpt.wait()  # the in-flight save (of a finite state) is committed before stopping
+      latest = ckpt.manager.latest_step()
+      kept = (f"the last good checkpoint (step {latest}) in {ckpt.directory} is kept"
+              if latest is not None else f"no checkpoint was saved yet in {ckpt.directory}")
+      why = ("train.on_nonfinite='stop'" if stop else
+             f"{bad} steps skipped so far, more than train.max_skipped_steps={max_skipped}")
       raise NonFiniteLossError(
-          f"non-finite loss at step {first} (train.on_nonfinite='stop'); the last good "
-          f"checkpoint in {ckpt.directory} is kept, the run stops without saving")
+          f"non-finite loss or gradient at step {first} of {num_steps} ({why}); {kept}; the run "
+          "stops without saving")
     return bad
 
   while step < num_steps and not progress.stopped_early:

@@ -52,8 +52,8 @@ class TrainState:
   opt_state: Any
   table: jax.Array       # (K_pad, h) class embeddings, row-sharded over `model`
   table_state: Any       # row-optimiser state, leading dim K_pad
-  nonfinite_steps: Any = 0         # count of steps whose loss was NaN/inf (update dropped)
-  first_nonfinite_step: Any = -1   # the first such step, -1 if none
+  nonfinite_steps: Any = 0         # count of steps whose loss or gradients were NaN/inf (update dropped)
+  first_nonfinite_step: Any = -1   # the first such step, numbered from 1 as the logs count; -1 if none
 
   @classmethod
   def create(cls, *, params, opt_state, table, table_state) -> "TrainState":
@@ -345,14 +345,27 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
 
     (loss_value, (per_ex, pos, hardest, n_valid)), (g_params, g_rows, g_pos) = jax.value_and_grad(
         loss_fn, argnums=(0, 1, 2), has_aux=True)(state.params, rows, pos_rows)
-    # A non-finite loss drops the table update (zero gradient, zero step) so the
-    # state stays the last good one; the tower relies on optax.apply_if_finite
-    # (on_nonfinite="skip") or on the loop stopping (on_nonfinite="stop").
-    finite = jnp.isfinite(loss_value)
-    g_rows = jnp.where(finite, g_rows, 0.0)
-    g_pos = jnp.where(finite, g_pos, 0.0)
+    # A non-finite loss or gradient drops the whole update (the table gets a zero
+    # gradient and step, the tower and its optimiser state are kept), so the
+    # state stays the last good one; the step is counted, and the loop stops
+    # (on_nonfinite="stop") or goes on within train.max_skipped_steps ("skip").
+    # The tower's gradient is checked through what it produces, the updated
+    # parameters and optimiser state (a NaN/inf gradient makes them non-finite):
+    # a reduction over the gradient itself changes how XLA fuses its computation,
+    # and with it the bits of valid runs. With finite values every where() below
+    # selects the update: same bits as without the check.
     updates, opt_state = tx.update(g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss_value)
+    for leaf in jax.tree.leaves((g_rows, g_pos, params, opt_state)):
+      finite = finite & jnp.all(jnp.isfinite(leaf))
+    if isinstance(opt_state, optax.ApplyIfFiniteState):  # train.on_nonfinite="skip" wraps the optimiser
+      finite = finite & opt_state.last_finite  # it zeroed a non-finite tower gradient's update itself
+    g_rows = jnp.where(finite, g_rows, 0.0)
+    g_pos = jnp.where(finite, g_pos, 0.0)
+    keep_if_bad = lambda new, old: jnp.where(finite, new, old)  # pylint: disable=unnecessary-lambda-assignment
+    params = jax.tree.map(keep_if_bad, params, state.params)
+    opt_state = jax.tree.map(keep_if_bad, opt_state, state.opt_state)
     table, table_state = update_table_sm(state.table, state.table_state, ids, g_rows, g_pos,
                                          owned, batch["label"],
                                          jnp.where(finite, table_lr(state.step), 0.0))
@@ -365,7 +378,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
         "valid_negatives": jnp.sum(n_valid * valid) / denom,
         "max_example_loss": jnp.max(jnp.where(batch["valid"], per_ex, -jnp.inf)),
     }
-    first_bad = jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step,
+    first_bad = jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step + 1,
                           state.first_nonfinite_step)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                               table=table, table_state=table_state,
