@@ -1,17 +1,138 @@
-"""Non-finite steps (issue "Reliability", item 6): "stop" names the step as the
-logs count it and the committed checkpoint, "skip" has a bounded budget, and
-a non-finite gradient with a finite loss is caught too."""
+"""No silent corruption, no silent restart (issue "Reliability", items 1-4 and 6):
+checkpoint digests, resume-config checks, the iterator state inside the
+fallback, the run record after a resume, non-finite steps."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from snm_jax.errors import NonFiniteLossError
+from snm_jax import sharding
+from snm_jax.errors import CheckpointError, ConfigError, NonFiniteLossError
 from snm_jax.train import loop
+from snm_jax.train.checkpointing import state_digest
 from snm_jax.train.loop import train_and_evaluate
 from step_fixtures import make
 from test_train_loop import synthetic_config
+
+RUN = {"train.num_steps": 20, "train.checkpoint_every": 10, "train.keep_checkpoints": 3}
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+  """A finished 20-step run with checkpoints at steps 10 and 20 (copied by each test)."""
+  wd = tmp_path_factory.mktemp("base") / "run"
+  out = train_and_evaluate(synthetic_config(**RUN), wd)
+  out.pop("state")
+  return wd, out
+
+
+def _copy(base_run, tmp_path) -> Path:
+  wd = tmp_path / "run"
+  shutil.copytree(base_run[0], wd)
+  (wd / "results.json").unlink()
+  return wd
+
+
+def _data_files(step_dir: Path):
+  return sorted((p for p in step_dir.rglob("*") if p.is_file() and "/d/" in str(p)),
+                key=lambda p: p.stat().st_size)
+
+
+# ---- item 1: digest -----------------------------------------------------------------------------
+
+def test_state_digest_depends_on_values_not_on_the_mesh():
+  values = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+  tree = {"table": values, "step": np.int32(3)}
+  sharded = {"table": jax.device_put(values, sharding.named(sharding.make_mesh((2, 4)), sharding.TABLE)),
+             "step": jnp.int32(3)}
+  assert len(sharded["table"].addressable_shards) == 8
+  assert state_digest(sharded) == state_digest(jax.tree.map(jnp.asarray, tree))
+  flipped = values.copy()
+  flipped.view(np.uint32)[5, 5] ^= 1  # one bit
+  assert state_digest({"table": flipped, "step": np.int32(3)}) != state_digest(tree)
+
+
+def test_flipped_bit_in_the_latest_checkpoint_is_caught_and_the_previous_one_used(base_run, tmp_path,
+                                                                                  caplog):
+  wd = _copy(base_run, tmp_path)
+  target = _data_files(wd / "checkpoints" / "20")[-1]  # the class table's chunk
+  data = bytearray(target.read_bytes())
+  data[len(data) // 2] ^= 0x10  # orbax reads it back without complaint: only the digest sees it
+  target.write_bytes(bytes(data))
+  with caplog.at_level(logging.WARNING):
+    again = train_and_evaluate(synthetic_config(**RUN), wd)
+  assert any("sha256" in r.getMessage() and "step 20" in r.getMessage() for r in caplog.records)
+  assert (wd / "checkpoints.corrupt" / "20").is_dir()  # quarantined for inspection
+  assert again["state_fingerprint"] == base_run[1]["state_fingerprint"]  # steps 10-20 redone
+
+
+# ---- item 3: iterator state inside the fallback --------------------------------------------------
+
+def test_invalid_iterator_position_makes_the_checkpoint_unreadable(base_run, tmp_path, caplog):
+  wd = _copy(base_run, tmp_path)
+  meta = wd / "checkpoints" / "20" / "data" / "metadata"
+  data = json.loads(meta.read_text())
+  data["iterator"]["position"] = 10**6
+  meta.write_text(json.dumps(data))
+  with caplog.at_level(logging.WARNING):
+    again = train_and_evaluate(synthetic_config(**RUN), wd)
+  assert any("position 1000000 outside epoch" in r.getMessage() for r in caplog.records)
+  assert again["state_fingerprint"] == base_run[1]["state_fingerprint"]
+
+
+# ---- item 4: the run record of a resumed run -----------------------------------------------------
+
+def test_resumed_finished_run_reports_the_cumulative_seconds_per_step(base_run, tmp_path):
+  wd = _copy(base_run, tmp_path)  # results.json lost after the last checkpoint: the rerun trains 0 steps
+  again = train_and_evaluate(synthetic_config(**RUN), wd)
+  assert again["steps"] == 20
+  # Before: this segment's ~0 s over 20 steps (1e-7 s/step); now the checkpointed time carries over.
+  assert 0.5 < again["seconds_per_step"] / base_run[1]["seconds_per_step"] < 2
+
+
+# ---- item 2: a changed config on resume, every checkpoint unreadable ------------------------------
+
+def test_resume_with_a_shape_changing_config_names_the_fields_and_touches_nothing(base_run, tmp_path):
+  wd = _copy(base_run, tmp_path)
+  with pytest.raises(ConfigError) as info:
+    train_and_evaluate(synthetic_config(**RUN, **{"model.out": 64, "mining.k": 2}), wd)
+  msg = str(info.value)
+  assert info.value.field == "mining.k" and msg.startswith("config.mining.k: saved 1, now 2")
+  assert "model.out: saved 32, now 64" in msg and "new --workdir" in msg
+  assert sorted(p.name for p in (wd / "checkpoints").iterdir()) == ["10", "20"]
+  assert not (wd / "checkpoints.corrupt").exists()
+
+
+def test_resume_may_change_the_run_length_and_cadences(base_run, tmp_path):
+  wd = _copy(base_run, tmp_path)
+  more = train_and_evaluate(synthetic_config(**{**RUN, "train.num_steps": 25, "train.log_every": 5,
+                                                "eval.max_examples": 100}), wd)
+  assert more["steps"] == 25
+
+
+def _garble_every_checkpoint(wd: Path):
+  for f in (wd / "checkpoints").rglob("*"):
+    if f.is_file() and "state" in str(f):
+      f.write_bytes(b"garbage")
+
+
+def test_every_checkpoint_unreadable_fails_or_restarts_loudly(base_run, tmp_path, capsys):
+  wd = _copy(base_run, tmp_path)
+  _garble_every_checkpoint(wd)
+  with pytest.raises(CheckpointError, match=r"every checkpoint in .* is unreadable .*step 20: .*step 10: "):
+    train_and_evaluate(synthetic_config(**RUN, **{"train.on_unreadable_checkpoints": "fail"}), wd)
+  assert sorted(p.name for p in (wd / "checkpoints").iterdir()) == ["10", "20"]  # nothing moved
+  capsys.readouterr()
+  again = train_and_evaluate(synthetic_config(**RUN), wd)
+  assert "STARTS OVER from step 0" in capsys.readouterr().err
+  assert sorted(p.name for p in (wd / "checkpoints.corrupt").iterdir()) == ["10", "20"]
+  assert again["state_fingerprint"] == base_run[1]["state_fingerprint"]
 
 
 # ---- item 6: non-finite steps -------------------------------------------------------------------

@@ -2,19 +2,68 @@
 
 A checkpoint holds `state` (every array, with its sharding restored from the
 *target* shardings, so an 8-device checkpoint restores onto 4 or 1 devices)
-and `data` (the iterator's JSON state). Restoring falls back to the previous
-checkpoint, with a warning, when the latest one is corrupt or partial.
+and `data` (JSON: the iterator's state, the run's progress record, and
+`state_sha256`, the digest of the state's arrays, `state_digest`).
+
+Restoring (`restore_latest`) tries the checkpoints newest first. One is
+*unreadable* when orbax cannot restore it (truncated, corrupt, missing files),
+when the restored arrays do not match their digest (e.g. a flipped bit), or
+when the caller's `accept` check refuses it (e.g. an iterator position outside
+its epoch). Unreadable checkpoints newer than the one used are moved to
+`<dir>.corrupt/<step>` with a warning. When none is readable the run starts
+over, loudly, or stops (`on_unreadable="fail"`) leaving every file in place.
+
+`check_resume_config` compares a workdir's saved config.json with the config
+that resumes it, before anything is restored: only fields that do not change
+the state's shapes, the data order or the trajectory may differ.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
+
+from snm_jax.errors import CheckpointError, ConfigError
+from snm_jax.train.host import is_writer, to_host
+
+DIGEST_KEY = "state_sha256"
+ON_UNREADABLE = ("restart", "fail")
+
+# Fields that may differ between a workdir's saved config.json and the config resuming it: the run's
+# length and cadences, the non-finite policy, evaluation settings (not the selection metric), the mesh
+# and cluster (a checkpoint restores onto any mesh), where the data is found, and the recipe fields (a
+# recipe's candidates are plain runs). An entry ending in "." covers its whole section. Every other
+# field changes the state's shapes, the data order or the training trajectory.
+RESUMABLE_FIELDS = ("train.num_steps", "train.log_every", "train.eval_every", "train.checkpoint_every",
+                    "train.keep_checkpoints", "train.fingerprint", "train.patience",
+                    "train.on_nonfinite", "train.max_skipped_steps", "train.on_unreadable_checkpoints",
+                    "eval.", "mesh.", "distributed.", "dataset.data_dir", "recipe.")
+NOT_RESUMABLE = ("eval.select_metric",)
+
+
+def state_digest(state) -> str:
+  """sha256 over every leaf of `state`: its path, dtype, shape and bytes (C order).
+
+  Computed from the host-gathered value of each array (`to_host`, a collective
+  on several processes: every process must call it), so it depends only on the
+  values, not on the mesh or the process count: a checkpoint saved on 8
+  devices verifies when restored onto 1. Costs one device-to-host copy of the
+  state per save and per restore, the same order as writing it.
+  """
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    value = np.ascontiguousarray(to_host(leaf))
+    h.update(f"{jax.tree_util.keystr(path)}|{value.dtype.str}|{value.shape};".encode())
+    h.update(value.tobytes())
+  return h.hexdigest()
 
 
 class Checkpointer:
@@ -28,36 +77,93 @@ class Checkpointer:
                                          item_names=("state", "data"))
 
   def save(self, step: int, state, data_state: dict, force: bool = True) -> None:
+    """Saves `state` and the JSON `data_state`, plus the state's digest (`state_digest`)."""
+    data_state = {**data_state, DIGEST_KEY: state_digest(state)}
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=force)
 
-  def restore_latest(self, abstract_state):
-    """Returns (step, state, data_state) from the newest readable checkpoint, or None.
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
 
-    `abstract_state` is a pytree of jax.ShapeDtypeStruct with the target shardings.
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def restore_latest(self, abstract_state, accept=None, on_unreadable: str = "restart"):
+    """Returns (step, state, data_state) from the newest usable checkpoint, or None.
+
+    Args:
+      abstract_state: pytree of jax.ShapeDtypeStruct with the target shardings.
+      accept: optional `(step, state, data_state) -> None` that raises if the
+        checkpoint cannot be used (e.g. `SparseBatcher.set_state` refusing the
+        iterator position); the checkpoint is then unreadable like a corrupt one.
+      on_unreadable: when no checkpoint is usable, "restart" moves them all
+        aside, warns on the log and on stderr that the run starts over, and
+        returns None; "fail" raises CheckpointError and moves nothing.
     """
-    steps = sorted(self.manager.all_steps(), reverse=True)
-    for step in steps:
+    if on_unreadable not in ON_UNREADABLE:
+      raise ValueError(f"on_unreadable={on_unreadable!r} is not one of {ON_UNREADABLE}")
+    failures = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-        return step, out["state"], dict(out["data"])
+        state, data = out["state"], dict(out["data"])
+        self._verify(step, state, data)
+        if accept is not None:
+          accept(step, state, data)
       except Exception as e:  # pylint: disable=broad-except
         # Orbax raises many types for truncated/corrupt files; any of them means
         # "this step is unusable", and the previous one is tried.
-        logging.warning("checkpoint at step %d in %s is unreadable (%s: %s); moved to %s, "
-                        "trying the previous one", step, self.directory, type(e).__name__,
-                        str(e)[:200], self._quarantine(step))
+        failures.append((step, f"{type(e).__name__}: {str(e)[:300]}"))
+        logging.warning("checkpoint at step %d in %s is unreadable (%s); trying the previous one",
+                        step, self.directory, failures[-1][1])
+        continue
+      for bad, _ in failures:
+        logging.warning("unreadable checkpoint %s/%d moved to %s", self.directory, bad,
+                        self._quarantine(bad))
+      if failures:
+        logging.warning("resuming from step %d, the newest readable checkpoint in %s", step,
+                        self.directory)
+      return step, state, data
+    if not failures:
+      return None
+    reasons = "; ".join(f"step {s}: {why}" for s, why in failures)
+    if on_unreadable == "fail":
+      raise CheckpointError(
+          f"every checkpoint in {self.directory} is unreadable ({reasons}); nothing was moved "
+          "(train.on_unreadable_checkpoints='fail'): inspect them, or delete the folder or set "
+          "train.on_unreadable_checkpoints='restart' to train from step 0")
+    moved = [str(self._quarantine(s)) for s, _ in failures]
+    message = (f"WARNING: every checkpoint in {self.directory} is unreadable ({reasons}); they were "
+               f"moved to {Path(moved[0]).parent} and the run STARTS OVER from step 0 "
+               "(train.on_unreadable_checkpoints='fail' stops instead)")
+    logging.warning("%s", message)
+    if is_writer():
+      print(message, file=sys.stderr, flush=True)
     return None
+
+  def _verify(self, step: int, state, data: dict) -> None:
+    """Raises if the restored state's digest differs from the one saved with it."""
+    saved = data.pop(DIGEST_KEY, None)
+    if saved is None:
+      logging.warning("checkpoint at step %d in %s has no %s (saved before digests were written): "
+                      "its arrays are not verified", step, self.directory, DIGEST_KEY)
+      return
+    got = state_digest(state)
+    if got != saved:
+      raise CheckpointError(f"the restored arrays' sha256 {got[:16]}... differs from the "
+                            f"{saved[:16]}... saved with them (corrupt data files)")
 
   def _quarantine(self, step: int) -> Path:
     """Moves an unreadable step aside (kept for inspection) so it can be re-saved."""
     target = self.directory.parent / f"{self.directory.name}.corrupt" / str(step)
-    if jax.process_index() == 0:
+    if is_writer():
       target.parent.mkdir(parents=True, exist_ok=True)
       if target.exists():
         shutil.rmtree(target)
-      shutil.move(str(self.directory / str(step)), str(target))
+      source = self.directory / str(step)
+      if source.exists():
+        shutil.move(str(source), str(target))
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
     self.manager.reload()
@@ -81,3 +187,47 @@ class Checkpointer:
 def abstract_like(tree):
   """ShapeDtypeStructs with the shardings of `tree` (the restore target)."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def resumable(field: str) -> bool:
+  """True for a field that may change between a run and its resumption (RESUMABLE_FIELDS)."""
+  return field not in NOT_RESUMABLE and any(
+      field.startswith(f) if f.endswith(".") else field == f for f in RESUMABLE_FIELDS)
+
+
+def config_differences(saved: dict, new: dict) -> list[tuple[str, object, object]]:
+  """(field, saved value, new value) for every dotted field present in both JSON configs that
+  differs, sorted. Fields only one side has (added or removed since) are not compared."""
+  a, b = _flatten(saved), _flatten(new)
+  return sorted((f, a[f], b[f]) for f in a.keys() & b.keys() if a[f] != b[f])
+
+
+def check_resume_config(saved: dict, new: dict, where) -> None:
+  """Raises ConfigError naming every field that differs between `saved` (the workdir's
+  config.json) and `new` (JSON of the config about to resume it) and may not change on
+  resume (`resumable`). Logs the resumable ones that changed."""
+  diffs = config_differences(saved, new)
+  changed = [d for d in diffs if resumable(d[0])]
+  refused = [d for d in diffs if not resumable(d[0])]
+  if changed:
+    logging.info("resuming %s with changed fields: %s", where,
+                 ", ".join(f"{f} {old!r} -> {cur!r}" for f, old, cur in changed))
+  if refused:
+    field, old, cur = refused[0]
+    others = "; ".join(f"{f}: saved {o!r}, now {c!r}" for f, o, c in refused[1:])
+    raise ConfigError(
+        field, f"saved {old!r}, now {cur!r}" + (f" (also differ: {others})" if others else "")
+        + f": {where} holds checkpoints of the saved config.json, and these fields change the "
+        "state's shapes, the data order or the training. Resume with the saved values (allowed: "
+        f"{old!r}) or use a new --workdir; fields that may change on resume: "
+        f"{', '.join(RESUMABLE_FIELDS)} (a '.' entry is a whole section)")

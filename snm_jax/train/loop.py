@@ -6,6 +6,7 @@ checkpoint restore -> loop (step, log, eval, checkpoint) -> final evaluation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -22,7 +23,7 @@ from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data
 from snm_jax.mining.samplers import padded_num_labels
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train import builders
-from snm_jax.train.checkpointing import Checkpointer, abstract_like
+from snm_jax.train.checkpointing import Checkpointer, abstract_like, check_resume_config
 from snm_jax.train.evaluate import make_evaluate
 from snm_jax.train.host import itstime, to_host
 from snm_jax.train.progress import Progress
@@ -122,10 +123,35 @@ def train_and_evaluate(config, workdir) -> dict:
   in `workdir/best`, training stops after `train.patience` evaluations without
   improvement (if > 0), and `results["final"]` is the test evaluation of that
   selected state; without one it is the last state's.
+
+  Before anything runs: every config field is validated (ConfigError), and a
+  workdir with checkpoints is resumed only by a config whose shape- and
+  trajectory-changing fields equal its saved config.json
+  (`checkpointing.check_resume_config`).
   """
+  t_start = time.time()
   builders.validate(config)  # every field the data is not needed for, before any loading
   workdir = Path(workdir)
-  t_start = time.time()
+  with contextlib.ExitStack() as cleanup:
+    return _train_and_evaluate(config, workdir, t_start, cleanup)
+
+
+def _check_saved_config(config, workdir: Path) -> None:
+  """A workdir with checkpoints may be resumed only by a compatible config (before restoring)."""
+  ckpt_dir = workdir / "checkpoints"
+  saved = workdir / "config.json"
+  if not (saved.is_file() and ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir())):
+    return
+  try:
+    saved_config = json.loads(saved.read_text())
+  except (OSError, ValueError) as e:
+    logging.warning("cannot read %s (%s): the resumed config is not compared with it", saved, e)
+    return
+  check_resume_config(saved_config, json.loads(config.to_json_best_effort()), workdir)
+
+
+def _train_and_evaluate(config, workdir: Path, t_start: float, cleanup: contextlib.ExitStack) -> dict:
+  _check_saved_config(config, workdir)
 
   # ---- data ------------------------------------------------------------------
   run_data = load_run_data(config)
@@ -180,13 +206,24 @@ def train_and_evaluate(config, workdir) -> dict:
   logging.info("state created: table %s (%s) on mesh %s", state.table.shape, state.table.dtype,
                dict(mesh.shape))
   writer = MetricWriter(workdir, config.train.num_steps, config.train.batch_size)
+  cleanup.callback(writer.close)
   ckpt = Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+  cleanup.callback(ckpt.close)  # an error still commits (or waits for) the in-flight save
   best_ckpt = Checkpointer(workdir / "best", keep=1) if selecting else None
+  if best_ckpt is not None:
+    cleanup.callback(best_ckpt.close)
   progress = Progress()
-  restored = ckpt.restore_latest(abstract_like(state))
+
+  def accept(step, restored_state, data_state):
+    """A checkpoint whose iterator position or progress record is invalid is unreadable too."""
+    del step, restored_state
+    Progress.from_json(data_state.get("progress"))
+    batcher.set_state(data_state["iterator"])
+
+  restored = ckpt.restore_latest(abstract_like(state), accept=accept,
+                                 on_unreadable=config.train.get("on_unreadable_checkpoints", "restart"))
   if restored is not None:
     step0, state, data_state = restored
-    batcher.set_state(data_state["iterator"])
     progress = Progress.from_json(data_state.get("progress"))
     writer.truncate_after(step0)
     if best_ckpt is not None:
@@ -235,7 +272,7 @@ def train_and_evaluate(config, workdir) -> dict:
     if bad and (stop or bad > max_skipped):
       first = int(jax.device_get(state.first_nonfinite_step))
       ckpt.wait()  # the in-flight save (of a finite state) is committed before stopping
-      latest = ckpt.manager.latest_step()
+      latest = ckpt.latest_step()
       kept = (f"the last good checkpoint (step {latest}) in {ckpt.directory} is kept"
               if latest is not None else f"no checkpoint was saved yet in {ckpt.directory}")
       why = ("train.on_nonfinite='stop'" if stop else
@@ -298,10 +335,6 @@ def train_and_evaluate(config, workdir) -> dict:
   if config.train.fingerprint:
     results["state_fingerprint"] = state_fingerprint(state)
   writer.write_json("results.json", results)
-  writer.close()
-  ckpt.close()
-  if best_ckpt is not None:
-    best_ckpt.close()
   results["state"] = state
   return results
 
@@ -327,5 +360,5 @@ def _final_evaluation(state, step, last_eval, evaluate, evaluate_test, best_ckpt
   if progress.best_step == step:
     return last_test, selected
   best_ckpt.wait()
-  _, best_state, _ = best_ckpt.restore_latest(abstract_like(state))
+  _, best_state, _ = best_ckpt.restore_latest(abstract_like(state), on_unreadable="fail")
   return evaluate_test(best_state), selected
