@@ -1,10 +1,14 @@
-"""No silent corruption, no silent restart (issue "Reliability", items 1-4 and 6):
+"""No silent corruption, no silent restart (issue "Reliability", items 1-6):
 checkpoint digests, resume-config checks, the iterator state inside the
-fallback, the run record after a resume, non-finite steps."""
+fallback, the run record after a resume, the workdir lock, non-finite steps."""
 
 import json
 import logging
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -13,13 +17,15 @@ import numpy as np
 import pytest
 
 from snm_jax import sharding
-from snm_jax.errors import CheckpointError, ConfigError, NonFiniteLossError
+from snm_jax.errors import CheckpointError, ConfigError, NonFiniteLossError, WorkdirInUseError
 from snm_jax.train import loop
 from snm_jax.train.checkpointing import state_digest
+from snm_jax.train.host import workdir_lock
 from snm_jax.train.loop import train_and_evaluate
 from step_fixtures import make
 from test_train_loop import synthetic_config
 
+REPO = Path(__file__).resolve().parents[1]
 RUN = {"train.num_steps": 20, "train.checkpoint_every": 10, "train.keep_checkpoints": 3}
 
 
@@ -133,6 +139,41 @@ def test_every_checkpoint_unreadable_fails_or_restarts_loudly(base_run, tmp_path
   assert "STARTS OVER from step 0" in capsys.readouterr().err
   assert sorted(p.name for p in (wd / "checkpoints.corrupt").iterdir()) == ["10", "20"]
   assert again["state_fingerprint"] == base_run[1]["state_fingerprint"]
+
+
+# ---- item 5: one run per workdir ----------------------------------------------------------------
+
+def test_a_locked_workdir_is_refused_naming_the_holder_and_released_after_errors(tmp_path):
+  wd = tmp_path / "run"
+  with workdir_lock(wd):
+    with pytest.raises(WorkdirInUseError, match=rf"pid {os.getpid()} on host {socket.gethostname()}"):
+      train_and_evaluate(synthetic_config(**{"train.num_steps": 2}), wd)
+  # A run that fails releases the lock: the next one (here a second failure) can take it.
+  bad = synthetic_config(**{"loss.phi": "exponential", "loss.scale": 1e5, "train.num_steps": 2})
+  for _ in range(2):
+    with pytest.raises(NonFiniteLossError):
+      train_and_evaluate(bad, wd)
+  with workdir_lock(wd):
+    pass
+
+
+def test_cli_on_a_workdir_in_use_exits_with_one_line(tmp_path):
+  wd = tmp_path / "run"
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from snm_jax.train.host import workdir_lock\n"
+       f"with workdir_lock({str(wd)!r}):\n  print('locked', flush=True); time.sleep(120)"],
+      cwd=REPO, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    proc = subprocess.run([sys.executable, "-m", "experiments.train",
+                           "--config=experiments/configs/default.py:runlocal", f"--workdir={wd}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+  finally:
+    holder.kill()
+    holder.wait()
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+  assert proc.stderr.startswith(f"error: workdir {wd} is in use by pid {holder.pid} on host "), proc.stderr
 
 
 # ---- item 6: non-finite steps -------------------------------------------------------------------

@@ -25,7 +25,7 @@ from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train import builders
 from snm_jax.train.checkpointing import Checkpointer, abstract_like, check_resume_config
 from snm_jax.train.evaluate import make_evaluate
-from snm_jax.train.host import itstime, to_host
+from snm_jax.train.host import itstime, to_host, workdir_lock
 from snm_jax.train.progress import Progress
 from snm_jax.train.run_data import load_run_data
 from snm_jax.train.step import TrainState, make_train_step
@@ -124,15 +124,16 @@ def train_and_evaluate(config, workdir) -> dict:
   improvement (if > 0), and `results["final"]` is the test evaluation of that
   selected state; without one it is the last state's.
 
-  Before anything runs: every config field is validated (ConfigError), and a
-  workdir with checkpoints is resumed only by a config whose shape- and
-  trajectory-changing fields equal its saved config.json
-  (`checkpointing.check_resume_config`).
+  Before anything runs: every config field is validated (ConfigError), the
+  workdir is locked for the whole run (WorkdirInUseError if another run holds
+  it; released at the end, on errors too), and a workdir with checkpoints is
+  resumed only by a config whose shape- and trajectory-changing fields equal
+  its saved config.json (`checkpointing.check_resume_config`).
   """
   t_start = time.time()
   builders.validate(config)  # every field the data is not needed for, before any loading
   workdir = Path(workdir)
-  with contextlib.ExitStack() as cleanup:
+  with workdir_lock(workdir), contextlib.ExitStack() as cleanup:
     return _train_and_evaluate(config, workdir, t_start, cleanup)
 
 
