@@ -147,11 +147,11 @@ def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False,
   (e.g. a non-finite loss) is recorded in failed.json and the sweep goes on.
   """
   # JAX is imported only where runs train, so that --print_commands stays instant.
-  from snm_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from snm_jax.train import runs  # pylint: disable=g-import-not-at-top
   rundir = run_dir(workdir, point, seed)
   config = run_config(sweep, point, seed, base)
   try:
-    out = loop.train_and_evaluate(config, rundir)
+    out = runs.train(config, rundir)
   except ConfigError:
     raise
   except SnmJaxError as e:

@@ -43,6 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.normalize_classes = ml_collections.config_dict.placeholder(bool)
   c.model.dropout = 0.0           # Dropout rate on the tower's bag output (after the ReLU); training only, [0, 1).
   c.model.feature_dropout = 0.0   # Rate of dropping input nonzeros in training (kept ones scaled by 1/(1-rate)), [0, 1).
+  # Tower input layer: gather (cost independent of d; for large d) | dense (densified input x table: faster for d <~ 10^4).
+  c.model.bag_matmul = "gather"
 
   c.table = ml_collections.ConfigDict()
   c.table.optimizer = "sgd"       # Row-wise sparse optimiser: sgd | momentum | adagrad.

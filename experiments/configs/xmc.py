@@ -37,12 +37,18 @@ def get_config(arg: str = "bibtex"):
   c.dataset.name = dataset or "bibtex"
   c.dataset.validation_fraction = 0.1
   c.recipe.name = "xmc"
-  c.recipe.search = ("table.learning_rate*=0.5,1,2;"
-                     "dataset.conversion=sample_one_positive,expand_all_positives")
+  c.recipe.search = "auto"
   model = kv.pop("model", "auto")
   if model not in MODELS:
     raise ValueError(f"model={model!r} is not one of {MODELS}")
   c.model.kind = model
+  c.model.bag_matmul = "auto"
+  # The wide-and-deep candidate's tower: narrow, with dropout (chosen on the Bibtex and Delicious
+  # validation splits: 0.3 and 0.5 within noise, both ~1.5 P@1 above the linear model on Delicious).
+  c.model.hidden = 256
+  c.model.out = 128
+  c.model.dropout = 0.3
+  c.optimizer.learning_rate = 0.05
   c.loss.kind = "auto"
   c.mining.sampler = "auto"
   c.mining.num_samples = -1
@@ -58,7 +64,7 @@ def get_config(arg: str = "bibtex"):
   if kv.pop("runlocal", "0") == "1":
     c.recipe.min_steps = 20
     c.recipe.max_steps = 40
-    c.recipe.search = "table.learning_rate*=1,2"
+    c.recipe.search = "model.kind=linear,wide_deep"
     c.eval.max_examples = 256
   if kv:
     raise ValueError(f"unknown config arguments {sorted(kv)}")

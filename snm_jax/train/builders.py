@@ -452,12 +452,13 @@ def make_tower(config, num_features: int):
   feature_dropout = float(_field(m, "feature_dropout", 0.0))
   if m.kind == "linear":
     return LinearQuery(num_features=num_features, feature_dropout=feature_dropout), num_features + 1
+  bag_matmul = _field(m, "bag_matmul", "gather")
   if m.kind == "wide_deep":
     return (WideDeepQuery(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
-                          feature_dropout=feature_dropout),
+                          feature_dropout=feature_dropout, bag_matmul=bag_matmul),
             num_features + 1 + m.out)
   return SNMTower(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
-                  feature_dropout=feature_dropout), m.out
+                  feature_dropout=feature_dropout, bag_matmul=bag_matmul), m.out
 
 
 def make_schedule(opt_config, num_steps: int, field: str = "optimizer"):

@@ -54,6 +54,8 @@ class DataStats:
 MAX_LINEAR_TABLE = 1 << 28
 # Exact softmax over every label while scoring all K per step stays cheap next to the rest of the step.
 MAX_FULL_SOFTMAX_LABELS = 1 << 14
+# The tower's input layer as a dense matmul (EmbeddingBag matmul="dense") up to this many features.
+MAX_DENSE_BAG_FEATURES = 1 << 14
 # Per-example step size of the class table under SGD on the mean loss of a batch: the table's
 # learning rate is this times the batch size (measured stable on Bibtex and Delicious validation splits).
 TABLE_LR_PER_EXAMPLE = {"linear": 0.16, "wide_deep": 0.16, "snm_tower": 0.004}
@@ -63,12 +65,17 @@ def _is_auto(value) -> bool:
   return value == AUTO or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1)
 
 
+def fits_linear_table(stats: DataStats, width: int = 0) -> bool:
+  """Whether a K x (d + 1 + width) class table (linear / wide_deep models) is small enough."""
+  return stats.num_labels * (stats.num_features + 1 + width) <= MAX_LINEAR_TABLE
+
+
 def derive(config, stats: DataStats) -> dict:
   """{field: value} for every "auto" / -1 field of `config`, from the data statistics."""
   r = config.recipe
   kind = config.model.kind
   if _is_auto(kind):
-    kind = "linear" if stats.num_labels * (stats.num_features + 1) <= MAX_LINEAR_TABLE else "snm_tower"
+    kind = "linear" if fits_linear_table(stats) else "snm_tower"
   full = stats.num_labels <= MAX_FULL_SOFTMAX_LABELS
   batch = config.train.batch_size
   if _is_auto(batch):  # a power of two, at most 512 and at most 1/8 of the data
@@ -78,6 +85,7 @@ def derive(config, stats: DataStats) -> dict:
     steps = int(np.clip(round(r.epochs * stats.num_train / batch), r.min_steps, r.max_steps))
   wanted = {
       "model.kind": kind,
+      "model.bag_matmul": "dense" if stats.num_features <= MAX_DENSE_BAG_FEATURES else "gather",
       "loss.kind": "full_softmax" if full else "sampled_softmax",
       "mining.sampler": "full" if full else "uniform",
       "mining.num_samples": (-(-stats.num_labels // config.mining.num_strata) * config.mining.num_strata
@@ -94,6 +102,17 @@ def derive(config, stats: DataStats) -> dict:
     if _is_auto(config[section][name]):
       out[field] = value
   return out
+
+
+def search_spec(config, stats: DataStats) -> str:
+  """`recipe.search`, or for "auto": the table's learning rate x {0.5, 1, 2}, and the model
+  among linear and wide_deep when their table fits and model.kind is "auto"."""
+  if config.recipe.search != AUTO:
+    return config.recipe.search
+  spec = "table.learning_rate*=0.5,1,2"
+  if _is_auto(config.model.kind) and fits_linear_table(stats, config.model.out):
+    spec = "model.kind=linear,wide_deep;" + spec
+  return spec
 
 
 def parse_search(spec: str) -> dict:
@@ -152,14 +171,17 @@ def run(config, workdir) -> dict:
   stats = DataStats.of(run_data)
   derived = derive(config, stats)
   resolved = {**{f: config[f.split(".")[0]][f.split(".")[1]] for f in _fields(config)}, **derived}
-  grid = parse_search(config.recipe.search)
+  grid = parse_search(search_spec(config, stats))
   for field in grid:
     if field not in resolved:
       raise ConfigError("recipe.search", f"unknown field {field!r}")
   logging.info("recipe %s on %s: %s; derived %s", config.recipe.name, run_data.source, stats, derived)
   table = []
   for name, over in candidates(resolved, grid):
-    res = _run_or_load(_apply(config, {**derived, **over}), workdir / "candidates" / name)
+    fields = {**derived, **over}
+    if fields.get("model.kind", config.model.kind) == "linear":
+      fields["model.dropout"] = 0.0  # the wide model's bag dropout: the linear model has no bag
+    res = _run_or_load(_apply(config, fields), workdir / "candidates" / name)
     table.append({"name": name, "overrides": over, "selected_step": res["selected"]["step"],
                   "validation": res["selected"]["value"], "steps": res["steps"],
                   "train_seconds": res["train_seconds"]})
