@@ -146,7 +146,7 @@ def _recipe_placeholders(config) -> set:
 def _validate_recipe(config) -> None:
   from snm_jax.train import recipes  # pylint: disable=g-import-not-at-top  (recipes imports the loop)
   r = config.recipe
-  grid = recipes.parse_search(r.search)
+  grid = {} if r.search == recipes.AUTO else recipes.parse_search(r.search)  # "auto": derived from the data
   for field in grid:
     section, _, name = field.partition(".")
     if section not in config or not hasattr(config[section], "keys") or name not in config[section]:
