@@ -139,6 +139,9 @@ def test_every_checkpoint_unreadable_fails_or_restarts_loudly(base_run, tmp_path
   assert "STARTS OVER from step 0" in capsys.readouterr().err
   assert sorted(p.name for p in (wd / "checkpoints.corrupt").iterdir()) == ["10", "20"]
   assert again["state_fingerprint"] == base_run[1]["state_fingerprint"]
+  rows = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
+  keys = [(r["step"], "loss" in r) for r in rows]
+  assert keys == [(20, True), (20, False)]  # the old run's rows were dropped, not doubled
 
 
 # ---- item 5: one run per workdir ----------------------------------------------------------------

@@ -223,13 +223,16 @@ def _train_and_evaluate(config, workdir: Path, t_start: float, cleanup: contextl
 
   restored = ckpt.restore_latest(abstract_like(state), accept=accept,
                                  on_unreadable=config.train.get("on_unreadable_checkpoints", "restart"))
+  step0 = 0
   if restored is not None:
     step0, state, data_state = restored
     progress = Progress.from_json(data_state.get("progress"))
-    writer.truncate_after(step0)
-    if best_ckpt is not None:
-      best_ckpt.delete_after(step0)
     logging.info("resumed from step %d", step0)
+  # Whatever an earlier attempt logged or selected after the starting step (0 when it was killed
+  # before its first checkpoint or every checkpoint was unreadable) is redone by this run.
+  writer.truncate_after(step0)
+  if best_ckpt is not None:
+    best_ckpt.delete_after(step0)
   writer.write_json("config.json", json.loads(config.to_json_best_effort()))
 
   # ---- evaluation ---------------------------------------------------------------
