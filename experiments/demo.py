@@ -1,13 +1,17 @@
-r"""The README's main job: SNM top-1 and top-16 vs negative sampling on Bibtex.
+r"""The README's main job: SNM top-1 and top-16 vs negative sampling on Bibtex, and the xmc recipe.
 
   python -m experiments.demo --workdir=/tmp/snm_jax_demo
 
 Trains the three methods of Table 2 of Reddi et al. (2019) with the same
-budget (experiments/configs/default.py), evaluates them, prints each method's
-metrics and their ratio to negative sampling, and writes `demo_table.md`,
-`demo_results.json` and `learning_curves.png` into --workdir. Bibtex is read
-from ../shared/data when present, else from the copy bundled in the package.
-Finished runs are reused when the command is repeated; interrupted ones resume.
+budget (experiments/configs/default.py) and the library's extreme-classification
+recipe (experiments/configs/xmc.py: settings derived from the data, chosen on a
+validation split of the training file), evaluates them on the test split,
+prints each method's metrics and their ratio to negative sampling, with the
+peers measured by benchmarks/quality_peers.py (results/quality/peers.json) as
+reference rows, and writes `demo_table.md`, `demo_results.json` and
+`learning_curves.png` into --workdir. Bibtex is read from ../shared/data when
+present, else from the copy bundled in the package. Finished runs are reused
+when the command is repeated; interrupted ones resume.
 """
 
 import json
@@ -15,7 +19,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from experiments.configs import default
+from experiments.configs import default, xmc
 from snm_jax.train import quiet_logs, runs
 from snm_jax.train.plots import plot_learning_curves
 
@@ -28,7 +32,11 @@ METHODS = {
     "SNM top-16": {"mining.k": 16},
     "negative sampling": {"mining.vartheta": "negative_sampling"},
 }
+RECIPE = "xmc recipe"
 METRICS = ("P@1", "P@3", "P@5", "R@1", "R@3", "R@5", "nDCG@5", "PSP@5")
+PEERS_FILE = Path(__file__).resolve().parents[1] / "results" / "quality" / "peers.json"
+PEER_ROWS = {"pecos_xrlinear": "PECOS XR-Linear", "napkinxc_plt": "napkinXC PLT",
+             "ovr_linearsvc_valC": "one-vs-rest LinearSVC (C on validation)"}
 
 
 def method_config(overrides):
@@ -43,14 +51,32 @@ def method_config(overrides):
   return c
 
 
-def table(results: dict) -> str:
+def recipe_config():
+  return xmc.get_config(_DATASET.value or "bibtex")
+
+
+def peer_rows(dataset: str) -> tuple[dict, str]:
+  """{row name: metrics} of the peers measured on `dataset` by benchmarks/quality_peers.py, and a note."""
+  if not PEERS_FILE.exists():
+    return {}, f"(no peer reference rows: {PEERS_FILE} not found)"
+  peers = json.loads(PEERS_FILE.read_text())
+  methods = peers["results"].get(dataset, {}).get("methods", {})
+  rows = {f"{label} [reference, v{methods[key]['version']}]": methods[key]["metrics"]
+          for key, label in PEER_ROWS.items() if methods.get(key, {}).get("status") == "ok"}
+  note = (f"Rows marked [reference] were not trained here: measured by benchmarks/quality_peers.py on "
+          f"{peers['date'][:10]} (same splits, features, metrics; fit on the whole training file).")
+  return rows, note
+
+
+def table(results: dict, references: dict) -> str:
   base = results["negative sampling"]["final"]
   head = "| method | " + " | ".join(METRICS) + " | s/step |"
   lines = [head, "|" + "---|" * (len(METRICS) + 2)]
-  for name, res in results.items():
-    f = res["final"]
+  rows = [(name, res["final"], f"{res['seconds_per_step']:.3f}") for name, res in results.items()]
+  rows += [(name, metrics, "") for name, metrics in references.items()]
+  for name, f, cost in rows:
     cells = [f"{f[m]:.4f} ({f[m] / base[m]:.2f}x)" if base[m] > 0 else f"{f[m]:.4f}" for m in METRICS]
-    lines.append(f"| {name} | " + " | ".join(cells) + f" | {res['seconds_per_step']:.3f} |")
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | {cost} |")
   return "\n".join(lines)
 
 
@@ -63,12 +89,18 @@ def main(argv):
   for name, overrides in METHODS.items():
     results[name] = runs.run_or_load(method_config(overrides),
                                      root / name.replace(" ", "_").replace("-", ""), name)
+  results[RECIPE] = runs.run_or_load(recipe_config(), root / "xmc_recipe", RECIPE)
   dataset = next(iter(results.values()))["dataset"]
-  md = (f"Dataset: {dataset}. Each cell: value (ratio to negative sampling).\n\n" + table(results) + "\n")
+  references, note = peer_rows(dataset)
+  chosen = results[RECIPE]["recipe"]["chosen"]
+  md = (f"Dataset: {dataset} (test split). Each cell: value (ratio to negative sampling).\n\n"
+        + table(results, references) + "\n\n"
+        + f"The xmc recipe chose candidate `{chosen}` on its validation split; its s/step is that "
+          f"candidate's. {note}\n")
   (root / "demo_table.md").write_text(md)
   (root / "demo_results.json").write_text(json.dumps(results, indent=2))
-  plot_learning_curves({n: r for n, r in results.items()}, "P@1", root / "learning_curves.png",
-                       title=f"Bibtex-style Table 2 demo ({dataset})")
+  plot_learning_curves({n: r for n, r in results.items() if n != RECIPE}, "P@1",
+                       root / "learning_curves.png", title=f"Bibtex-style Table 2 demo ({dataset})")
   print("\n" + md)
   print(f"Wrote {root / 'demo_table.md'} and {root / 'learning_curves.png'}")
   logging.info("demo done")

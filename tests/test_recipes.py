@@ -91,3 +91,19 @@ def test_recipe_needs_a_validation_split(tmp_path):
   c.dataset.validation_fraction = 0.0
   with pytest.raises(ConfigError, match="dataset.validation_fraction"):
     recipes.run(c, tmp_path)
+
+
+def test_the_shipped_auto_search_runs_both_models(tmp_path):
+  c = xmc.get_config("synthetic,runlocal=1")
+  c.unlock()
+  c.recipe.search = "auto"  # what xmc.py ships: linear and wide_deep x learning rate {0.5, 1, 2}
+  c.recipe.min_steps = c.recipe.max_steps = 10
+  c.dataset.synthetic.num_labels = 64
+  c.dataset.synthetic.num_train = 800
+  c.dataset.synthetic.num_test = 100
+  c.dataset.synthetic.dim = 16
+  c.lock()
+  res = recipes.run(c, tmp_path)
+  names = [t["name"] for t in res["recipe"]["candidates"]]
+  assert len(names) == 6 and sum("wide_deep" in n for n in names) == 3
+  assert res["recipe"]["derived"]["model.bag_matmul"] == "dense"

@@ -117,3 +117,21 @@ def test_embedding_bag_unchanged():
   p = bag.init(jax.random.key(0), ids, vals)
   ref = np.einsum("bn,bnh->bh", np.asarray(vals), np.asarray(p["params"]["embedding"])[np.asarray(ids)])
   np.testing.assert_allclose(np.asarray(bag.apply(p, ids, vals)), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_bag_matmul_equals_the_gather_in_values_and_gradients():
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from snm_jax.models.towers import SNMTower  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  d, n, nnz = 37, 6, 5
+  ids = jnp.asarray(rng.integers(0, d, (n, nnz)), jnp.int32)  # repeated ids within a row too
+  vals = jnp.asarray(rng.random((n, nnz)) * (rng.random((n, nnz)) > 0.3), jnp.float32)  # zeros = padding
+  gather = SNMTower(num_features=d, hidden=8, out=4)
+  dense = SNMTower(num_features=d, hidden=8, out=4, bag_matmul="dense")
+  params = gather.init(jax.random.key(0), ids, vals)
+  np.testing.assert_allclose(dense.apply(params, ids, vals), gather.apply(params, ids, vals), atol=1e-6)
+  loss = lambda m: jax.grad(lambda p: jnp.sum(jnp.sin(m.apply(p, ids, vals))))(params)
+  for a, b in zip(jax.tree.leaves(loss(dense)), jax.tree.leaves(loss(gather))):
+    np.testing.assert_allclose(a, b, atol=1e-5)

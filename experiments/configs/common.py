@@ -133,6 +133,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.recipe.min_steps = 500        # ...clipped to [min_steps, max_steps].
   c.recipe.max_steps = 4000
   c.recipe.evaluations = 20       # Validation evaluations per run (train.eval_every=-1).
+  c.recipe.refit = False          # Retrain the chosen candidate on the whole training file for its selected steps.
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.

@@ -176,21 +176,32 @@ def run(config, workdir) -> dict:
     if field not in resolved:
       raise ConfigError("recipe.search", f"unknown field {field!r}")
   logging.info("recipe %s on %s: %s; derived %s", config.recipe.name, run_data.source, stats, derived)
-  table = []
+  table, fields_of = [], {}
   for name, over in candidates(resolved, grid):
     fields = {**derived, **over}
     if fields.get("model.kind", config.model.kind) == "linear":
       fields["model.dropout"] = 0.0  # the wide model's bag dropout: the linear model has no bag
+    fields_of[name] = fields
     res = _run_or_load(_apply(config, fields), workdir / "candidates" / name)
     table.append({"name": name, "overrides": over, "selected_step": res["selected"]["step"],
                   "validation": res["selected"]["value"], "steps": res["steps"],
                   "train_seconds": res["train_seconds"]})
-  best = max(range(len(table)), key=lambda i: (table[i]["validation"], -i))
-  chosen = json.loads((workdir / "candidates" / table[best]["name"] / "results.json").read_text())
-  chosen["recipe"] = {"name": config.recipe.name, "stats": dataclasses.asdict(stats), "derived": derived,
-                      "select_metric": config.eval.select_metric, "candidates": table,
-                      "chosen": table[best]["name"],
-                      "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
+  best = table[max(range(len(table)), key=lambda i: (table[i]["validation"], -i))]
+  chosen = json.loads((workdir / "candidates" / best["name"] / "results.json").read_text())
+  record = {"name": config.recipe.name, "stats": dataclasses.asdict(stats), "derived": derived,
+            "select_metric": config.eval.select_metric, "candidates": table, "chosen": best["name"],
+            "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
+  if config.recipe.refit:
+    # The chosen settings retrained on the whole training file (validation part included) for the
+    # selected number of steps, the schedule ending there (scikit-learn's GridSearchCV(refit=True)).
+    # Nothing is chosen from this run: it is decided before any result is seen.
+    refit_fields = {**fields_of[best["name"]], "dataset.validation_fraction": 0.0,
+                    "train.num_steps": max(best["selected_step"], 1), "train.eval_every": 0}
+    refit = _run_or_load(_apply(config, refit_fields), workdir / "refit")
+    record["refit"] = {"steps": refit["steps"], "train_seconds": refit["train_seconds"],
+                       "candidate_final": chosen["final"]}
+    chosen = {**refit, "selected": chosen["selected"]}
+  chosen["recipe"] = record
   if is_writer():
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "results.json").write_text(json.dumps(chosen, indent=2, sort_keys=True))

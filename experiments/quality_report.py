@@ -1,0 +1,158 @@
+r"""Writes results/quality.md: the library's recipes against the peers, with ablations and curves.
+
+  python -m experiments.ablate --sweep=experiments/sweeps/quality.py:bibtex --workdir=/tmp/quality/bibtex
+  python -m experiments.ablate --sweep=experiments/sweeps/quality.py:delicious --workdir=/tmp/quality/delicious
+  python -m experiments.ablate --sweep=experiments/sweeps/quality_before.py:bibtex --workdir=/tmp/quality/before_bibtex
+  python -m experiments.ablate --sweep=experiments/sweeps/quality_before.py:delicious --workdir=/tmp/quality/before_delicious
+  python -m experiments.quality_report --workdirs=/tmp/quality --out=results/quality.md
+
+Every number is a test-split metric of a state chosen on the validation split (or, for the
+"no selection" rows, the last state), mean +- std over the seeds found. Ablation rows re-read
+the recipe's own candidates (workdir/candidates/*): "linear only" is the candidate with the best
+validation value among the linear ones, and so on, so they cost no extra training.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from absl import app, flags
+
+from snm_jax.train import plots
+
+_WORKDIRS = flags.DEFINE_string("workdirs", "/tmp/quality", "Root of the quality sweeps' workdirs.")
+_OUT = flags.DEFINE_string("out", "results/quality.md", "Markdown file to write (figures beside it).")
+_PEERS = flags.DEFINE_string("peers", "results/quality/peers.json", "benchmarks/quality_peers.py output.")
+
+DATASETS = ("bibtex", "delicious")
+METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@5")
+PEERS = {"popularity": "popularity (train frequency)", "pecos_xrlinear": "PECOS XR-Linear",
+         "napkinxc_plt": "napkinXC PLT", "ovr_linearsvc": "one-vs-rest LinearSVC (C=1)",
+         "ovr_logreg": "one-vs-rest LogisticRegression (C=1)",
+         "ovr_linearsvc_valC": "one-vs-rest LinearSVC (C on validation)",
+         "ovr_logreg_valC": "one-vs-rest LogisticRegression (C on validation)"}
+
+
+def _seeds(root: Path, point: str) -> list[dict]:
+  return [json.loads(p.read_text()) for p in sorted((root / point).glob("seed*/results.json"))]
+
+
+def _candidates(run_dir: Path) -> list[tuple[str, dict]]:
+  return [(p.parent.name, json.loads(p.read_text()))
+          for p in sorted((run_dir / "candidates").glob("*/results.json"))]
+
+
+def _best_candidate(run_dir: Path, keep) -> dict | None:
+  """Test metrics of the candidate with the best validation value among those `keep(name)` accepts."""
+  cands = [(r["selected"]["value"], r) for name, r in _candidates(run_dir) if keep(name)]
+  return max(cands, key=lambda c: c[0])[1]["final"] if cands else None
+
+
+def _fmt(values: list[float]) -> str:
+  v = 100 * np.asarray(values, np.float64)
+  return f"{v.mean():.2f} ± {v.std():.2f}" if len(v) > 1 else f"{v.mean():.2f}"
+
+
+def _row(label: str, finals: list[dict], note: str = "") -> str:
+  finals = [f for f in finals if f]
+  if not finals:
+    return ""
+  cells = [_fmt([f[m] for f in finals]) for m in METRICS]
+  return f"| {label} | " + " | ".join(cells) + f" | {len(finals)} | {note} |"
+
+
+def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[str]:
+  lines = [f"### {name.capitalize()}", "",
+           "| method | " + " | ".join(METRICS) + " | seeds | notes |",
+           "|" + "---|" * (len(METRICS) + 3)]
+  xmc = _seeds(root, "xmc")
+  xmc_dirs = sorted((root / "xmc").glob("seed*"))
+  tower, tower_nodo = _seeds(root, "tower"), _seeds(root, "tower_nodo")
+  rows = [
+      _row("**xmc recipe** (this library)", [r["final"] for r in xmc],
+           "candidates chosen: " + ", ".join(sorted({r["recipe"]["chosen"] for r in xmc}))),
+      _row("SNM tower, dropout 0.3 + selection (this library)", [r["final"] for r in tower]),
+      _row("SNM tower, no dropout, with selection", [r["final"] for r in tower_nodo]),
+  ]
+  for peer, label in PEERS.items():
+    res = peers.get(name, {}).get("methods", {}).get(peer, {})
+    if res.get("status") == "ok":
+      rows.append(_row(f"{label} [peer, v{res['version']}]", [res["metrics"]], "benchmarks/quality_peers.py"))
+  rows.append("| *ablations (each from the runs above)* |" + " |" * (len(METRICS) + 2))
+  rows += [
+      _row("xmc, linear candidates only", [_best_candidate(d, lambda n: "kind_linear" in n) for d in xmc_dirs]),
+      _row("xmc, wide_deep candidates only",
+           [_best_candidate(d, lambda n: "kind_wide_deep" in n) for d in xmc_dirs]),
+      _row("xmc, no learning-rate search (x1 only)",
+           [_best_candidate(d, lambda n: n.endswith("learning_rate_x1")) for d in xmc_dirs]),
+      _row("xmc, no checkpoint selection (last state)", [r["selected"]["last"] for r in xmc]),
+      _row("SNM tower, no checkpoint selection (last state)", [r["selected"]["last"] for r in tower]),
+      _row("SNM tower, no dropout, no selection (last state)",
+           [r["selected"]["last"] for r in tower_nodo]),
+      _row("before: experiments/configs/default.py (SNM top-1 tower, no validation)",
+           [r["final"] for r in _seeds(before, "default")]),
+  ]
+  return lines + [r for r in rows if r] + [""]
+
+
+def learning_curves(name: str, root: Path, out_dir: Path) -> str | None:
+  """Train loss, validation and test P@1 against steps, seed 0's chosen tower candidate, with and
+  without dropout."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  runs = {}
+  for point, label in (("tower_nodo", "SNM tower, no dropout"), ("tower", "SNM tower, dropout 0.3")):
+    res_path = root / point / "seed0" / "results.json"
+    if not res_path.exists():
+      continue
+    chosen = json.loads(res_path.read_text())["recipe"]["chosen"]
+    cand = root / point / "seed0" / "candidates" / chosen
+    rows = [json.loads(line) for line in (cand / "metrics.jsonl").read_text().splitlines()]
+    runs[label] = (rows, json.loads((cand / "results.json").read_text()))
+  if not runs:
+    return None
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  for label, (rows, res) in runs.items():
+    loss = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    axes[0].plot(*zip(*loss), label=label)
+    hist = res["history"]
+    for ax, key in ((axes[1], "val/P@1"), (axes[2], "P@1")):
+      ax.plot([h["step"] for h in hist], [h[key] for h in hist], label=label)
+    axes[1].axvline(res["selected"]["step"], ls=":", color=axes[1].lines[-1].get_color())
+  for ax, title in zip(axes, ("training loss", "validation P@1 (dotted: selected step)", "test P@1")):
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  axes[0].legend()
+  fig.suptitle(f"{name}: the SNM tower before and after regularisation (seed 0, chosen learning rate)")
+  path = out_dir / f"tower_curves_{name}.png"
+  plots._save(fig, path)  # pylint: disable=protected-access
+  return path.name
+
+
+def main(argv):
+  del argv
+  root, out = Path(_WORKDIRS.value), Path(_OUT.value)
+  fig_dir = out.parent / "quality"
+  fig_dir.mkdir(parents=True, exist_ok=True)
+  peers_json = json.loads(Path(_PEERS.value).read_text())
+  lines = [
+      "# Quality: the library's recipes against the linear extreme-classification tools", "",
+      "Test-split metrics in percent (PSP normalised, Jain et al. propensities from the training "
+      "file), mean ± std over seeds 0, 1, 2. Every library choice (recipe candidate, checkpoint) "
+      "was made on a validation split of 10% of the training file (seed 0); the test split was "
+      "never read to choose. Peers: `benchmarks/quality_peers.py` on the whole training file, "
+      f"measured {peers_json['date'][:10]} ({peers_json['results'] and 'see results/quality/peers.md'}).",
+      "Generated by `python -m experiments.quality_report` from the sweeps named in its docstring.", ""]
+  for name in DATASETS:
+    lines += dataset_section(name, root / name, root / f"before_{name}", peers_json["results"])
+    fig = learning_curves(name, root / name, fig_dir)
+    if fig:
+      lines += [f"![{name} tower curves](quality/{fig})", ""]
+  out.write_text("\n".join(lines) + "\n")
+  print(out.read_text())
+
+
+if __name__ == "__main__":
+  app.run(main)
