@@ -68,6 +68,7 @@ BAD = [
     ({"seed": -1}, "seed", "[0, "),
     ({"dataset.synthetic.num_labels": 1}, "dataset.synthetic.num_labels", ">= 2"),
     ({"distributed.initialize": "maybe"}, "distributed.initialize", "['auto', 'yes', 'no']"),
+    ({"model.bag_matmul": "sparse"}, "model.bag_matmul", "['gather', 'dense']"),
     ({**RECIPE, "recipe.search": "table.lr*=1,2"}, "recipe.search", "no config field 'table.lr'"),
     ({**RECIPE, "recipe.search": "table.learning_rate"}, "recipe.search", "expected field=v1,v2"),
     ({**RECIPE, "recipe.min_steps": 0}, "recipe.min_steps", ">= 1"),

@@ -40,6 +40,7 @@ RECIPE_FIELDS = {
     "train.num_steps": "an integer >= 0",
     "train.eval_every": "an integer >= 0 (0 = only at the end)",
     "table.learning_rate": "a number >= 0",
+    "model.bag_matmul": "one of ['gather', 'dense']",
 }
 TABLE_OPTIMIZERS = ("sgd", "momentum", "adagrad")
 TOWER_OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
@@ -47,6 +48,7 @@ VARTHETA_SCALES = ("mean", "expectation")
 ON_NONFINITE = ("stop", "skip")
 ON_UNREADABLE = ("restart", "fail")
 DISTRIBUTED_MODES = ("auto", "yes", "no")
+BAG_MATMULS = ("gather", "dense")  # models.towers.EmbeddingBag.matmul
 
 
 def _is_sentinel(value) -> bool:
@@ -133,7 +135,7 @@ def _recipe_placeholders(config) -> set:
   out = set()
   for field, allowed in RECIPE_FIELDS.items():
     section, name = field.split(".")
-    value = config[section][name]
+    value = config[section].get(name)
     if _is_sentinel(value):
       if not in_recipe:
         raise ConfigError(field, f"{value!r} is a placeholder that only a recipe resolves from the "
@@ -211,6 +213,8 @@ def validate(config, num_labels: int | None = None) -> None:
     _bool("model.normalize_classes", m.normalize_classes)
   _rate("model.dropout", _field(m, "dropout", 0.0))
   _rate("model.feature_dropout", _field(m, "feature_dropout", 0.0))
+  if given("model.bag_matmul"):
+    _one_of("model.bag_matmul", _field(m, "bag_matmul", "gather"), BAG_MATMULS)
   # ---- optimisers
   o = config.optimizer
   _one_of("optimizer.name", o.name, TOWER_OPTIMIZERS)
