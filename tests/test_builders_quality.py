@@ -14,6 +14,7 @@ from experiments.configs.common import base_config
 from snm_jax.errors import ConfigError
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train import builders
+from experiments.sweeps.spec import apply_overrides
 
 LR, MOM, WD = 0.1, 0.9, 0.05
 
@@ -23,13 +24,7 @@ def _config(**overrides):
   c.optimizer.learning_rate = LR
   c.optimizer.momentum = MOM
   c.train.num_steps = 20
-  for k, v in overrides.items():
-    node = c
-    *path, leaf = k.split(".")
-    for p in path:
-      node = node[p]
-    node[leaf] = v
-  return c
+  return apply_overrides(c, overrides)
 
 
 def _tiny_params():

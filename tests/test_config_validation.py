@@ -15,6 +15,7 @@ from experiments.configs import default, xmc
 from snm_jax.errors import ConfigError
 from snm_jax.train import builders
 from snm_jax.train.loop import train_and_evaluate
+from experiments.sweeps.spec import apply_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = {"recipe.name": "xmc", "dataset.validation_fraction": 0.1}
@@ -82,13 +83,7 @@ BAD = [
 def config(overrides):
   c = default.get_config("runlocal")
   c.dataset.name = "synthetic"
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split(".")
-    for p in path:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return apply_overrides(c, overrides)
 
 
 def test_the_table_is_large():

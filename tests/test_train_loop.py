@@ -14,6 +14,7 @@ import pytest
 from experiments.configs import default
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train.loop import train_and_evaluate
+from experiments.sweeps.spec import apply_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,13 +31,7 @@ def synthetic_config(**overrides):
   c.train.eval_every = 0
   c.train.checkpoint_every = 0
   c.eval.max_examples = 0
-  for k, v in overrides.items():
-    node = c
-    *path, leaf = k.split(".")
-    for p in path:
-      node = node[p]
-    node[leaf] = v
-  return c
+  return apply_overrides(c, overrides)
 
 
 def test_training_beats_untrained_model_by_a_wide_margin(tmp_path):
