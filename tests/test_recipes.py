@@ -107,3 +107,23 @@ def test_the_shipped_auto_search_runs_both_models(tmp_path):
   names = [t["name"] for t in res["recipe"]["candidates"]]
   assert len(names) == 6 and sum("wide_deep" in n for n in names) == 3
   assert res["recipe"]["derived"]["model.bag_matmul"] == "dense"
+
+
+def test_refit_retrains_the_chosen_candidate_on_the_whole_training_file(tmp_path):
+  c = xmc.get_config("synthetic,runlocal=1")
+  c.unlock()
+  c.recipe.search = "table.learning_rate*=1"
+  c.recipe.refit = True
+  c.dataset.synthetic.num_labels = 64
+  c.dataset.synthetic.num_train = 800
+  c.dataset.synthetic.num_test = 100
+  c.dataset.synthetic.dim = 16
+  c.lock()
+  res = recipes.run(c, tmp_path)
+  cand = json.loads((tmp_path / "candidates" / "learning_rate_x1" / "results.json").read_text())
+  refit_cfg = json.loads((tmp_path / "refit" / "config.json").read_text())
+  assert refit_cfg["dataset"]["validation_fraction"] == 0.0
+  assert res["steps"] == refit_cfg["train"]["num_steps"] == cand["selected"]["step"]
+  assert res["recipe"]["refit"]["candidate_final"] == cand["final"]
+  assert res["final"] == json.loads((tmp_path / "refit" / "results.json").read_text())["final"]
+  assert json.loads((tmp_path / "results.json").read_text())["final"] == res["final"]

@@ -214,7 +214,9 @@ def _run_or_load(config, workdir: Path) -> dict:
     logging.info("candidate %s finished earlier: reusing %s", workdir.name, done)
     return json.loads(done.read_text())
   logging.info("candidate %s: training -> %s", workdir.name, workdir)
-  return loop.train_and_evaluate(config, workdir)
+  out = loop.train_and_evaluate(config, workdir)
+  out.pop("state")  # the device state: the recipe keeps only what results.json holds
+  return out
 
 
 def _fields(config):
