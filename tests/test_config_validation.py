@@ -22,15 +22,18 @@ RECIPE = {"recipe.name": "xmc", "dataset.validation_fraction": 0.1}
 
 # (overrides, the field the error must name, words the message must hold)
 BAD = [
-    ({"optimizer.learning_rate": -0.1}, "optimizer.learning_rate", ">= 0"),
+    ({"optimizer.learning_rate": -0.1}, "optimizer.learning_rate", "> 0"),
+    ({"optimizer.learning_rate": 0.0}, "optimizer.learning_rate", "> 0"),
     ({"optimizer.learning_rate": math.nan}, "optimizer.learning_rate", "finite"),
-    ({"table.learning_rate": -1.0}, "table.learning_rate", ">= 0"),
+    ({"table.learning_rate": -1.0}, "table.learning_rate", "> 0"),
+    ({"table.learning_rate": 0.0}, "table.learning_rate", "> 0"),
     ({"loss.scale": 0.0}, "loss.scale", "> 0"),
     ({"loss.scale": -8.0}, "loss.scale", "> 0"),
     ({"optimizer.warmup_steps": -1}, "optimizer.warmup_steps", ">= 0"),
     ({"table.warmup_steps": -5}, "table.warmup_steps", ">= 0"),
     ({"train.log_every": 0}, "train.log_every", ">= 1"),
-    ({"train.num_steps": -5}, "train.num_steps", ">= 0"),
+    ({"train.num_steps": -5}, "train.num_steps", ">= 1"),
+    ({"train.num_steps": 0}, "train.num_steps", ">= 1"),
     ({"train.num_steps": -1}, "train.num_steps", "only a recipe resolves"),
     ({"train.keep_checkpoints": 0}, "train.keep_checkpoints", ">= 1"),
     ({"mining.num_strata": 0}, "mining.num_strata", ">= 1"),

@@ -49,7 +49,7 @@ def test_final_is_the_test_evaluation_of_the_best_validation_state(tmp_path):
 
 def test_patience_stops_training_and_a_rerun_does_not_continue(tmp_path):
   c = selection_config(**{"train.patience": 1, "train.num_steps": 400, "train.eval_every": 5,
-                          "table.learning_rate": 0.0, "optimizer.learning_rate": 0.0})
+                          "table.learning_rate": 1e-12, "optimizer.learning_rate": 1e-12})
   res = train_and_evaluate(c, tmp_path)  # nothing learns: no evaluation improves on the first
   assert res["selected"]["stopped_early"] and res["steps"] == 10
   assert res["selected"]["step"] == 5

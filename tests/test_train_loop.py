@@ -35,7 +35,10 @@ def synthetic_config(**overrides):
 
 
 def test_training_beats_untrained_model_by_a_wide_margin(tmp_path):
-  untrained = train_and_evaluate(synthetic_config(**{"train.num_steps": 0}), tmp_path / "u")
+  # One step at a negligible learning rate: the initial model (num_steps and learning rates must be > 0).
+  untrained = train_and_evaluate(synthetic_config(**{"train.num_steps": 1, "table.learning_rate": 1e-12,
+                                                     "optimizer.learning_rate": 1e-12}),
+                                 tmp_path / "u")
   trained = train_and_evaluate(synthetic_config(**{"train.num_steps": 300, "train.batch_size": 64,
                                                    "mining.num_samples": 64, "mining.k": 4}),
                                tmp_path / "t")

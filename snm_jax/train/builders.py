@@ -37,9 +37,9 @@ RECIPE_FIELDS = {
     "mining.num_samples": "an integer >= 1",
     "loss.scale": "a number > 0",
     "train.batch_size": "an integer >= 1",
-    "train.num_steps": "an integer >= 0",
+    "train.num_steps": "an integer >= 1",
     "train.eval_every": "an integer >= 0 (0 = only at the end)",
-    "table.learning_rate": "a number >= 0",
+    "table.learning_rate": "a number > 0",
     "model.bag_matmul": "one of ['gather', 'dense']",
 }
 TABLE_OPTIMIZERS = ("sgd", "momentum", "adagrad")
@@ -218,7 +218,7 @@ def validate(config, num_labels: int | None = None) -> None:
   # ---- optimisers
   o = config.optimizer
   _one_of("optimizer.name", o.name, TOWER_OPTIMIZERS)
-  _real("optimizer.learning_rate", o.learning_rate, 0, note=" (0 freezes the tower)")
+  _real("optimizer.learning_rate", o.learning_rate, 0, lo_open=True)
   if o.name == "momentum":
     _real("optimizer.momentum", o.momentum, 0)
     if not o.momentum < 1:
@@ -229,7 +229,7 @@ def validate(config, num_labels: int | None = None) -> None:
   t = config.table
   _one_of("table.optimizer", t.optimizer, TABLE_OPTIMIZERS)
   if given("table.learning_rate"):
-    _real("table.learning_rate", t.learning_rate, 0, note=" (0 freezes the class table)")
+    _real("table.learning_rate", t.learning_rate, 0, lo_open=True)
   if t.optimizer == "momentum":
     if not (_is_real(t.momentum) and 0 <= t.momentum < 1):
       raise ConfigError("table.momentum", f"must be in [0, 1), got {t.momentum!r}")
@@ -309,7 +309,7 @@ def validate(config, num_labels: int | None = None) -> None:
       raise ConfigError("loss.k_prime",
                         f"k'={lo.k_prime!r} must be in [1, train.batch_size={tr.batch_size}]")
   if given("train.num_steps"):
-    _int("train.num_steps", tr.num_steps, 0, note=" (0 = evaluate the initial state only)")
+    _int("train.num_steps", tr.num_steps, 1)
   _int("train.log_every", tr.log_every, 1)
   if given("train.eval_every"):
     _int("train.eval_every", tr.eval_every, 0, note=" (0 = only at the end)")
