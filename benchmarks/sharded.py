@@ -18,7 +18,7 @@ and M model shards, 4-byte floats/ints, 1-byte bools. A collective is counted
 by the size of the buffer it leaves on each device (an all-reduce of x: |x|;
 an all-gather: the gathered result):
   model axis (M > 1), inside the mined loss:
-    * the merged top-k candidates: `all_gather_last_axis` (mining/topk.py) is a
+    * the merged top-k candidates: `all_gather_last_axis` (losses/topk.py) is a
       psum of an (n, M k) block per array. The loss needs the values (f32) and
       the valid flags (as i32); the ids are psum-ed too but unused by the loss,
       so XLA drops that psum (retrieval keeps it): 2 * 4 n M k;

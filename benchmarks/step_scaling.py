@@ -50,7 +50,7 @@ import optax
 from benchmarks import common
 from snm_jax import losses, sharding
 from snm_jax.losses import ranking
-from snm_jax.mining import sharded_losses
+from snm_jax.losses import sampled as sharded_losses
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import SNMTower, l2_normalize
 from snm_jax.train import row_optimizers

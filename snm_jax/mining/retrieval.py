@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from snm_jax.losses.ranking import masked_top_k, max_over_groups, top_k_candidates
-from snm_jax.mining.topk import merge_top_k_across
+from snm_jax.losses.topk import merge_top_k_across
 from snm_jax.models.towers import l2_normalize, normalized_row_scores
 from snm_jax.sharding import DATA, MODEL
 

@@ -6,7 +6,7 @@ One step, for a minibatch of N examples and B sampled negatives:
      gathers those rows and the rows of the positives it owns;
   2. loss (differentiated w.r.t. the tower and the *gathered rows*, never the
      whole table): queries from the tower, local scores, distributed top-k
-     mining and the per-example loss (`snm_jax.mining.sharded_losses`), then
+     mining and the per-example loss (`snm_jax.losses.registry` -> `snm_jax.losses.sampled`), then
      the minibatch reduction: mean, or S2M's average of the top-k' losses;
   3. update: optax on the tower; a row-wise optimiser on the touched rows of
      each table shard (`snm_jax.train.row_optimizers`), shard-locally, with
@@ -28,10 +28,9 @@ from typing import Any, Callable
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from snm_jax.mining import sharded_losses
+from snm_jax.losses import registry as losses_registry
 from snm_jax.mining.samplers import StratifiedSampler, uniform_log_expected_count
 from snm_jax.models.towers import l2_normalize, normalized_row_scores
 from snm_jax.sharding import DATA, MODEL
@@ -253,28 +252,11 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       n_valid = jnp.sum(valid, axis=-1)
     n_valid = jax.lax.psum(n_valid, MODEL)
     pos, scores = loss.scale * pos, loss.scale * scores
-    if loss.kind in ("bowl", "powl"):  # its top-k already holds the hardest negative
-      per_ex, hardest = sharded_losses.ordered_weighted_loss(
-          pos, scores, valid, head_minus_tail=np.asarray(loss.head_minus_tail, np.float32),
-          tail=loss.tail, phi=loss.phi, kind=loss.kind, axis_name=MODEL,
-          score_at=None if loss.dense_score_grad else score_at)
-      return per_ex, pos, hardest, n_valid
-    hardest = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(jnp.where(valid, scores, -jnp.inf), -1)), MODEL)
-    if loss.kind == "sampled_softmax":
-      per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, log_q, log_q_pos=log_q_pos_l,
-                                                   axis_name=MODEL)
-    elif loss.kind == "full_softmax":
-      per_ex = sharded_losses.sampled_softmax_loss(pos, scores, valid, jnp.zeros_like(scores),
-                                                   axis_name=MODEL)
-    elif loss.kind == "logistic_ns":
-      per_ex = sharded_losses.logistic_negative_sampling_loss(pos, scores, valid, axis_name=MODEL)
-    elif loss.kind == "adversarial_ns":
-      per_ex = sharded_losses.adversarial_ns_loss(pos, scores, valid, log_q, log_q_pos_l, lam=loss.lam,
-                                                  num_samples=sampler.num_samples, axis_name=MODEL)
-    elif loss.kind == "nce":
-      per_ex = sharded_losses.nce_loss(pos, scores, valid, log_q, log_q_pos_l, axis_name=MODEL)
-    else:
-      raise ValueError(f"unknown loss kind {loss.kind!r}")
+    per_ex, hardest = losses_registry.get_loss(loss.kind)(
+        pos, scores, valid, log_q, log_q_pos_l, spec=loss, num_samples=getattr(sampler, "num_samples", None),
+        axis_name=MODEL, score_at=score_at)
+    if hardest is None:  # BOWL/POWL's top-k already holds the hardest negative
+      hardest = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(jnp.where(valid, scores, -jnp.inf), -1)), MODEL)
     return per_ex, pos, hardest, n_valid
 
   mined_loss_sm = jax.shard_map(

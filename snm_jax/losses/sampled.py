@@ -1,8 +1,11 @@
-"""Per-example losses computed from *label-sharded* scores, inside `shard_map`.
+"""The losses the trainer runs: per-example losses over sampled (optionally label-sharded) scores.
 
-Each model shard holds the scores of its share of the sampled negatives,
-``scores`` (n, S_local) with validity ``valid`` (n, S_local); the positive score
-``pos`` (n,) is already replicated over the model axis. Everything that needs
+Every function takes the positive scores ``pos`` (N,), the negative scores
+``scores_NxS`` (N, S) with validity ``valid`` (N, S) (False for accidental hits
+and padding draws) and, where the loss needs them, log proposal / log expected
+count arrays (N, S) and (N,). Inside `shard_map`, each model shard holds the
+scores of its share of the sampled negatives (S = S_local) and ``pos`` is
+already replicated over the model axis ``axis_name``. Everything that needs
 all B negatives is done with O(n k M) or O(n) communication:
 
 * ordered weighted losses (SNM, Algorithm 1 of Reddi et al. 2019): the weights
@@ -24,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from snm_jax.losses.ranking import masked_top_k
-from snm_jax.mining.topk import merge_top_k_across
+from snm_jax.losses.topk import merge_top_k_across
 
 
 def _psum(x, axis_name):
@@ -83,7 +86,9 @@ def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, ta
 
 
 def sampled_softmax_loss(pos, scores, valid, log_q, *, log_q_pos=0.0, axis_name=None):
-  """Sampled softmax with the logQ correction, sharded over the negatives.
+  """Sampled softmax with the logQ correction (Jean et al. 2015; Bengio & Senecal 2008).
+
+  Shapes: pos (N,), scores_NxS / valid / log_q (N, S), log_q_pos (N,) or scalar.
 
   loss = -(v_y - log q_y) + log( exp(v_y - log q_y) + sum_valid exp(v_j - log q_j) ).
   With log_q = 0 and all labels as "samples" it is the full softmax cross-entropy.
@@ -98,8 +103,8 @@ def sampled_softmax_loss(pos, scores, valid, log_q, *, log_q_pos=0.0, axis_name=
 
 
 def logistic_negative_sampling_loss(pos, scores, valid, *, axis_name=None):
-  """Bamler & Mandt Eq. 2, averaged over the valid sampled negatives:
-  -log sigma(v_y) - mean_j log sigma(-v_j)."""
+  """Negative sampling, Bamler & Mandt (2020) Eq. 2, averaged over the valid sampled negatives:
+  -log sigma(v_y) - mean_j log sigma(-v_j). Shapes: pos (N,), scores_NxS / valid (N, S)."""
   neg = _psum(jnp.sum(jnp.where(valid, jax.nn.log_sigmoid(-jnp.where(valid, scores, 0.0)), 0.0),
                       axis=-1), axis_name)
   count = _psum(jnp.sum(valid, axis=-1), axis_name)
@@ -111,7 +116,8 @@ def adversarial_ns_loss(pos, scores, valid, log_q, log_q_pos, *, lam: float, num
   """Bamler & Mandt Eq. 6 with the S drawn negatives averaged (their code's choice):
   -log s(xi_y) + lam (xi_y + log p_n(y|x))^2 + mean_s[-log s(-xi_s) + lam (xi_s + log p_n(y_s|x))^2].
   `log_q` / `log_q_pos` are log expected counts log(S p_n); log p_n carries no
-  gradient (the tree is fixed while the model trains)."""
+  gradient (the tree is fixed while the model trains). Shapes: pos / log_q_pos (N,),
+  scores_NxS / valid / log_q (N, S)."""
   log_s = jnp.log(float(num_samples))
   log_q = jax.lax.stop_gradient(log_q) - log_s
   log_q_pos = jax.lax.stop_gradient(log_q_pos) - log_s
@@ -127,7 +133,8 @@ def nce_loss(pos, scores, valid, log_q, log_q_pos, *, axis_name=None):
   """Noise-contrastive estimation with S draws from the noise distribution q:
   -log s(v_y - log(S q_y)) - sum_s log s(-(v_s - log(S q_s))), where log_q,
   log_q_pos are the log expected counts log(S q). No bias removal at
-  prediction (the model estimates log p(y|x) itself)."""
+  prediction (the model estimates log p(y|x) itself). Gutmann & Hyvarinen 2010,
+  Mnih & Teh 2012. Shapes: pos / log_q_pos (N,), scores_NxS / valid / log_q (N, S)."""
   pos_term = -jax.nn.log_sigmoid(pos - jax.lax.stop_gradient(log_q_pos))
   logits = jnp.where(valid, scores - jax.lax.stop_gradient(log_q), 0.0)
   neg = _psum(jnp.sum(jnp.where(valid, -jax.nn.log_sigmoid(-logits), 0.0), axis=-1), axis_name)
