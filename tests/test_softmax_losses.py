@@ -19,7 +19,8 @@ def np_sampled_softmax(pos, neg, lq_pos, lq_neg, mask):
 
 
 def np_negative_sampling(pos, neg, mask):
-  return -np_log_sigmoid(pos) - np.sum(np_log_sigmoid(-neg[~mask]))
+  """Eq. 2 with the valid negatives averaged (the trainer's convention)."""
+  return -np_log_sigmoid(pos) - np.sum(np_log_sigmoid(-neg[~mask])) / max(np.sum(~mask), 1)
 
 
 def np_nce(pos, neg, lq_pos, lq_neg, mask):
@@ -78,8 +79,8 @@ def test_negative_sampling_and_nce():
     np.testing.assert_allclose(got_ns[i], np_negative_sampling(d64[0][i], d64[1][i], mask[i]),
                                rtol=1e-5)
     np.testing.assert_allclose(got_nce[i], np_nce(*(x[i] for x in d64), mask[i]), rtol=1e-5)
-  # Eq. 2 of Bamler & Mandt in its sigmoid form, no mask.
-  want = -np.log(expit(0.3)) - np.sum(np.log(expit(-np.array([0.1, -2.0]))))
+  # Eq. 2 of Bamler & Mandt in its sigmoid form, no mask, the two negatives averaged.
+  want = -np.log(expit(0.3)) - np.sum(np.log(expit(-np.array([0.1, -2.0])))) / 2
   np.testing.assert_allclose(losses.negative_sampling_loss(0.3, jnp.array([0.1, -2.0])), want,
                              rtol=1e-6)
 

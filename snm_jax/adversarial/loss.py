@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import jax
+import math
+
 import jax.numpy as jnp
+
+from snm_jax.losses import sampled
 
 
 def adversarial_ns_loss(xi_pos, logp_pos, xi_neg, logp_neg, lam):
@@ -27,14 +30,25 @@ def adversarial_ns_loss(xi_pos, logp_pos, xi_neg, logp_neg, lam):
 
   Returns:
     (...,) per-example loss.
+
+  The one implementation is the trainer's `snm_jax.losses.sampled.adversarial_ns_loss`
+  (which takes log expected counts log(S p_n)); this wraps it for log p_n inputs.
   """
-  logp_pos = jax.lax.stop_gradient(logp_pos)
-  logp_neg = jax.lax.stop_gradient(logp_neg)
-  pos = -jax.nn.log_sigmoid(xi_pos) + lam * jnp.square(xi_pos + logp_pos)
-  neg = -jax.nn.log_sigmoid(-xi_neg) + lam * jnp.square(xi_neg + logp_neg)
-  if jnp.ndim(xi_neg) == jnp.ndim(xi_pos) + 1:
-    neg = jnp.mean(neg, axis=-1)
-  return pos + neg
+  xi_pos = jnp.asarray(xi_pos)
+  xi_neg = jnp.asarray(xi_neg)
+  if xi_neg.ndim == xi_pos.ndim:  # one negative per example
+    xi_neg, logp_neg = xi_neg[..., None], jnp.asarray(logp_neg)[..., None]
+  dtype = jnp.result_type(xi_pos, xi_neg, float)
+  lead = xi_neg.shape[:-1]
+  s = xi_neg.shape[-1]
+  log_s = math.log(s)
+  neg = jnp.asarray(xi_neg, dtype).reshape(-1, s)
+  log_q = jnp.broadcast_to(jnp.asarray(logp_neg, dtype), xi_neg.shape).reshape(-1, s) + log_s
+  pos = jnp.broadcast_to(jnp.asarray(xi_pos, dtype), lead).reshape(-1)
+  log_q_pos = jnp.broadcast_to(jnp.asarray(logp_pos, dtype), lead).reshape(-1) + log_s
+  out = sampled.adversarial_ns_loss(pos, neg, jnp.ones(neg.shape, bool), log_q, log_q_pos,
+                                    lam=lam, num_samples=s)
+  return out.reshape(lead)
 
 
 def debias_scores(xi, logp):

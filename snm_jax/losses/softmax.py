@@ -3,6 +3,9 @@
 All per-example functions reduce over the last axis and broadcast over leading
 batch dims: pos_score (...,), neg_scores (..., B). `neg_mask` is True for
 entries that are NOT valid negatives (accidental hits); they contribute 0.
+The sampled ones are thin wrappers of the losses the trainer runs
+(`snm_jax.losses.sampled`), in the trainer's conventions: negative sampling
+averages over the valid negatives, NCE's noise logit is v - log(B q).
 """
 
 import math
@@ -11,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from snm_jax.losses import ranking
+from snm_jax.losses import ranking, sampled
 
 
 def _valid(neg_mask):
@@ -43,11 +46,28 @@ def softmax_cross_entropy(scores, label) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(ranking.as_float(scores), label)
 
 
+def _rows(pos_score, neg_scores, neg_mask, *neg_like):
+  """(..., B) inputs as (N, B) rows, pos (N,), validity (N, B), and the leading shape."""
+  neg = ranking.as_float(neg_scores)
+  lead = neg.shape[:-1]
+  b = neg.shape[-1]
+  pos = jnp.broadcast_to(ranking.as_float(pos_score), lead).reshape(-1)
+  valid = (jnp.ones(neg.shape, bool) if neg_mask is None
+           else jnp.broadcast_to(~jnp.asarray(neg_mask, bool), neg.shape))
+  extra = [jnp.broadcast_to(jnp.asarray(x, neg.dtype), neg.shape).reshape(-1, b) for x in neg_like]
+  return pos, neg.reshape(-1, b), valid.reshape(-1, b), extra, lead
+
+
+def _pos_rows(x, lead, dtype):
+  return jnp.broadcast_to(jnp.asarray(x, dtype), lead).reshape(-1)
+
+
 def sampled_softmax(pos_score, neg_scores, log_q_pos, log_q_neg, neg_mask=None):
   """Sampled softmax with the logQ correction (Jean et al. 2015; Bengio & Senecal).
 
   With corrected logits o = v - log q(label), the loss is
-  logsumexp(o_y, o_1, ..., o_B) - o_y, valid negatives only.
+  logsumexp(o_y, o_1, ..., o_B) - o_y, valid negatives only
+  (`snm_jax.losses.sampled.sampled_softmax_loss`).
 
   Args:
     pos_score: (...,) positive score v_y.
@@ -59,28 +79,22 @@ def sampled_softmax(pos_score, neg_scores, log_q_pos, log_q_neg, neg_mask=None):
   Returns:
     (...,) losses.
   """
-  valid = _valid(neg_mask)
-  pos = ranking.as_float(pos_score) - log_q_pos
-  neg = _safe(ranking.as_float(neg_scores) - log_q_neg, valid)
-  logits = jnp.concatenate([pos[..., None], neg], axis=-1)
-  where = None
-  if valid is not None:
-    where = jnp.concatenate(
-        [jnp.ones(valid.shape[:-1] + (1,), bool), jnp.broadcast_to(valid, neg.shape)],
-        axis=-1)
-  return jax.nn.logsumexp(logits, axis=-1, where=where) - pos
+  pos, neg, valid, (log_q,), lead = _rows(pos_score, neg_scores, neg_mask, log_q_neg)
+  out = sampled.sampled_softmax_loss(pos, neg, valid, log_q,
+                                     log_q_pos=_pos_rows(log_q_pos, lead, neg.dtype))
+  return out.reshape(lead)
 
 
 def negative_sampling_loss(pos_score, neg_scores, neg_mask=None) -> jax.Array:
-  """Negative sampling (Eq. 2 of Bamler & Mandt 2020; Mikolov et al. 2013).
+  """Negative sampling (Eq. 2 of Bamler & Mandt 2020; Mikolov et al. 2013), the negatives averaged
+  as the trainer does (`snm_jax.losses.sampled.logistic_negative_sampling_loss`):
 
-  -log sigma(v_y) - sum_j log sigma(-v_j) = softplus(-v_y) + sum_j softplus(v_j)
-  (natural log), valid negatives only. Shapes as in `sampled_softmax`.
+  -log sigma(v_y) - mean_j log sigma(-v_j) = softplus(-v_y) + mean_j softplus(v_j)
+  (natural log), valid negatives only (none valid: the positive term alone).
+  Shapes as in `sampled_softmax`.
   """
-  valid = _valid(neg_mask)
-  neg = _safe(ranking.as_float(neg_scores), valid)
-  return (jax.nn.softplus(-ranking.as_float(pos_score))
-          + _masked_sum(jax.nn.softplus(neg), valid))
+  pos, neg, valid, _, lead = _rows(pos_score, neg_scores, neg_mask)
+  return sampled.logistic_negative_sampling_loss(pos, neg, valid).reshape(lead)
 
 
 def nce_loss(pos_score, neg_scores, log_q_pos, log_q_neg, neg_mask=None):
@@ -91,11 +105,10 @@ def nce_loss(pos_score, neg_scores, log_q_pos, log_q_neg, neg_mask=None):
   -log sigma(delta_y) - sum_j log sigma(-delta_j)
   = softplus(-delta_y) + sum_j softplus(delta_j). B is the number of drawn
   samples (the static size of the last axis, masked ones included); masked
-  negatives contribute 0. Shapes as in `sampled_softmax`.
+  negatives contribute 0. `snm_jax.losses.sampled.nce_loss` with the log
+  expected counts log(B q). Shapes as in `sampled_softmax`.
   """
-  valid = _valid(neg_mask)
-  neg_scores = ranking.as_float(neg_scores)
-  log_b = math.log(neg_scores.shape[-1])
-  delta_pos = ranking.as_float(pos_score) - log_q_pos - log_b
-  delta_neg = _safe(neg_scores - log_q_neg - log_b, valid)
-  return jax.nn.softplus(-delta_pos) + _masked_sum(jax.nn.softplus(delta_neg), valid)
+  pos, neg, valid, (log_q,), lead = _rows(pos_score, neg_scores, neg_mask, log_q_neg)
+  log_b = math.log(neg.shape[-1])
+  return sampled.nce_loss(pos, neg, valid, log_q + log_b,
+                          _pos_rows(log_q_pos, lead, neg.dtype) + log_b).reshape(lead)
