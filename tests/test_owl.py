@@ -22,7 +22,7 @@ def _cases(rng, num_classes):
 @pytest.mark.parametrize("kind,phi", list(itertools.product(["powl", "bowl"], sorted(NP_PHI))))
 def test_matches_numpy_reference(kind, phi):
   rng = np.random.default_rng(1)
-  fn = jax.jit(jax.vmap(lambda v, y, t: losses.owl(v, y, t, phi, kind)))
+  fn = jax.jit(jax.vmap(lambda v, y, t: losses.owl_loss(v, y, t, phi, kind)))
   num_classes, n = 7, 12
   v = np.stack([_cases(rng, num_classes) for _ in range(n)])
   v[-1] *= 50.0  # large magnitudes
@@ -63,7 +63,7 @@ def test_theta_shape_and_kind_validation():
   with pytest.raises(ValueError, match=r"theta: expected shape \(K-1,\) = \(4,\)"):
     losses.powl(jnp.zeros(5), 0, jnp.ones(5))
   with pytest.raises(ValueError, match="kind"):
-    losses.owl(jnp.zeros(5), 0, jnp.ones(4), kind="owl")
+    losses.owl_loss(jnp.zeros(5), 0, jnp.ones(4), kind="owl")
 
 
 @pytest.mark.parametrize("kind", ["powl", "bowl"])
@@ -73,7 +73,7 @@ def test_grad_matches_finite_differences(kind):
   y = 2
   theta = np.array([0.5, 0.3, 0.2, 0.1, 0.0])
   with jax.enable_x64(True):
-    grad_fn = jax.jit(jax.grad(lambda s: losses.owl(s, y, jnp.asarray(theta), "logistic", kind)))
+    grad_fn = jax.jit(jax.grad(lambda s: losses.owl_loss(s, y, jnp.asarray(theta), "logistic", kind)))
     g = np.asarray(grad_fn(jnp.asarray(v)))
   f = lambda x: np_owl(x, y, theta, NP_PHI["logistic"], kind)
   eps = 1e-6

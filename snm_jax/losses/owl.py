@@ -77,6 +77,6 @@ def bowl(scores, label, theta, phi: PhiLike = "hinge") -> jax.Array:
   return _owl(scores, label, theta, phi, "bowl")
 
 
-def owl(scores, label, theta, phi: PhiLike = "hinge", kind: str = "bowl"):
+def owl_loss(scores, label, theta, phi: PhiLike = "hinge", kind: str = "bowl"):
   """`bowl` or `powl` selected by `kind`."""
   return _owl(scores, label, theta, phi, ranking.check_kind(kind))
