@@ -1,5 +1,12 @@
 """Losses for very large output spaces: OWL, SNM, S2M, softmax family.
 
+The losses the trainer runs are in `snm_jax.losses.sampled` (over positive
+scores (N,), sampled negative scores (N, S), validity and log proposal arrays,
+with an optional `axis_name` for the sharded reduction), looked up by
+`loss.kind` in `snm_jax.losses.registry`; `softmax.py` and
+`adversarial.adversarial_ns_loss` wrap them. The exact O(K) forms (`owl.py`)
+are references. `topk.py` holds the distributed top-k merge.
+
 Per-example functions (`powl`, `bowl`, `snm_loss`) take one score vector and
 are batched with `jax.vmap`; the softmax family and `avg_top_k` reduce the last
 axis and broadcast over leading dims. SOPRC lives in `snm_jax.auprc`.

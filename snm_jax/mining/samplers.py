@@ -44,7 +44,7 @@ def padded_num_labels(num_labels: int, num_strata: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class StratifiedSampler:
-  """Uniform (``unigram=False``) or frequency-proportional stratified sampler.
+  """Uniform, or frequency-proportional (unigram: pass `stratum_cdf` to `sample_strata`) stratified sampler.
 
   Attributes:
     num_labels: K, the number of real labels.

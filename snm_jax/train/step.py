@@ -1,4 +1,4 @@
-"""The jitted SNM / S2M train step on a (data, model) mesh.
+"""The jitted train step of every trained loss (`snm_jax.losses.registry`) on a (data, model) mesh.
 
 One step, for a minibatch of N examples and B sampled negatives:
   1. sample + gather (no gradient): every model shard draws its strata's share
