@@ -44,7 +44,7 @@ def owl_terms(pos, neg, kind: str):
 
 
 def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, tail: float,
-                          phi, kind: str, axis_name=None, score_at=None):
+                          phi, kind: str, axis_name=None, score_at=None, return_hardest: bool = True):
   """SNM loss of every example from sharded sampled scores.
 
   Args:
@@ -61,6 +61,8 @@ def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, ta
       When given and `tail == 0`, `scores` is only ranked and never
       differentiated: the gradient reaches the k selected rows only, O(n k h),
       instead of the two O(n S h) matmuls of a dense score gradient.
+    return_hardest: False skips the top-k entirely when k == 0 (no head) and
+      returns None for `hardest`.
   Returns:
     (loss (n,), hardest (n,) top-1 sampled negative score or -inf).
   """
@@ -70,6 +72,8 @@ def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, ta
   if tail != 0.0:
     per_neg = jnp.where(valid, phi(owl_terms(pos, jnp.where(valid, scores, zero), kind)), zero)
     loss = loss + tail * _psum(jnp.sum(per_neg, axis=-1), axis_name)
+  if k == 0 and not return_hardest:
+    return loss, None
   if score_at is not None and tail == 0.0:
     _, top_valid, top_ids = masked_top_k(jax.lax.stop_gradient(scores), max(k, 1), valid)
     top_vals = score_at(top_ids)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snm_jax.losses import ranking
+from snm_jax.losses import ranking, sampled
 from snm_jax.losses.surrogates import PhiLike, get_phi
 from snm_jax.losses.vartheta import split_vartheta, validate_vartheta
 
@@ -101,13 +101,9 @@ def snm_loss(pos_score, neg_scores, vartheta, phi: PhiLike = "hinge",
     return loss + phi_fn(pos_score) if kind == "bowl" else loss
 
   head, tail = split_vartheta(validate_vartheta(vartheta, num_negatives))
-  k = head.shape[0]
-  top_scores, valid_top = None, None
-  if k > 0:
-    top_scores, valid_top, _ = ranking.masked_top_k(neg_scores, k, valid)
-    if valid is None:
-      valid_top = None
-  phi_sum_all = (ranking.masked_phi_sum(pos_score, neg_scores, phi_fn, kind, valid)
-                 if tail != 0 else None)
-  return ordered_weighted_phi_sum(pos_score, top_scores, head - np.float32(tail),
-                                  tail, phi_sum_all, phi_fn, kind, valid_top)
+  # The trainer's implementation (Algorithm 1 as the step runs it, unsharded).
+  valid = jnp.ones(neg_scores.shape, bool) if valid is None else jnp.broadcast_to(valid, neg_scores.shape)
+  loss, _ = sampled.ordered_weighted_loss(
+      pos_score, neg_scores, valid, head_minus_tail=np.asarray(head - np.float32(tail), np.float32),
+      tail=float(tail), phi=phi_fn, kind=kind, return_hardest=False)
+  return loss
