@@ -10,6 +10,21 @@ from snm_jax.train import recipes
 from snm_jax.train.recipes import DataStats
 
 
+def tiny_synthetic_recipe(num_train=800, num_test=100, **fields):
+  """The xmc recipe (runlocal) on a 64-label synthetic problem, with `fields` ({"recipe.search": ...})."""
+  c = xmc.get_config("synthetic,runlocal=1")
+  c.unlock()
+  c.dataset.synthetic.num_labels = 64
+  c.dataset.synthetic.num_train = num_train
+  c.dataset.synthetic.num_test = num_test
+  c.dataset.synthetic.dim = 16
+  for field, value in fields.items():
+    section, name = field.split(".")
+    c[section][name] = value
+  c.lock()
+  return c
+
+
 def stats(**kw):
   base = dict(num_train=11628, num_features=500, num_labels=983, labels_per_point=19.0,
               nnz_per_point=18.5)
@@ -62,14 +77,8 @@ def test_search_grid_multiplies_and_sets():
 
 
 def test_recipe_chooses_the_best_validation_candidate_and_resumes(tmp_path):
-  c = xmc.get_config("synthetic,runlocal=1")
-  c.unlock()
-  c.dataset.synthetic.num_labels = 64
-  c.dataset.synthetic.num_train = 1500
-  c.dataset.synthetic.num_test = 300
-  c.dataset.synthetic.dim = 16
-  c.recipe.search = "table.learning_rate*=0.01,1"  # one that barely learns, one that does
-  c.lock()
+  # One learning rate that barely learns, one that does.
+  c = tiny_synthetic_recipe(1500, 300, **{"recipe.search": "table.learning_rate*=0.01,1"})
   res = recipes.run(c, tmp_path)
   table = res["recipe"]["candidates"]
   assert [t["name"] for t in table] == ["learning_rate_x0.01", "learning_rate_x1"]
@@ -94,15 +103,8 @@ def test_recipe_needs_a_validation_split(tmp_path):
 
 
 def test_the_shipped_auto_search_runs_both_models(tmp_path):
-  c = xmc.get_config("synthetic,runlocal=1")
-  c.unlock()
-  c.recipe.search = "auto"  # what xmc.py ships: linear and wide_deep x learning rate {0.5, 1, 2}
-  c.recipe.min_steps = c.recipe.max_steps = 10
-  c.dataset.synthetic.num_labels = 64
-  c.dataset.synthetic.num_train = 800
-  c.dataset.synthetic.num_test = 100
-  c.dataset.synthetic.dim = 16
-  c.lock()
+  # What xmc.py ships: linear and wide_deep x learning rate {0.5, 1, 2}.
+  c = tiny_synthetic_recipe(**{"recipe.search": "auto", "recipe.min_steps": 10, "recipe.max_steps": 10})
   res = recipes.run(c, tmp_path)
   names = [t["name"] for t in res["recipe"]["candidates"]]
   assert len(names) == 6 and sum("wide_deep" in n for n in names) == 3
@@ -110,15 +112,7 @@ def test_the_shipped_auto_search_runs_both_models(tmp_path):
 
 
 def test_refit_retrains_the_chosen_candidate_on_the_whole_training_file(tmp_path):
-  c = xmc.get_config("synthetic,runlocal=1")
-  c.unlock()
-  c.recipe.search = "table.learning_rate*=1"
-  c.recipe.refit = True
-  c.dataset.synthetic.num_labels = 64
-  c.dataset.synthetic.num_train = 800
-  c.dataset.synthetic.num_test = 100
-  c.dataset.synthetic.dim = 16
-  c.lock()
+  c = tiny_synthetic_recipe(**{"recipe.search": "table.learning_rate*=1", "recipe.refit": True})
   res = recipes.run(c, tmp_path)
   cand = json.loads((tmp_path / "candidates" / "learning_rate_x1" / "results.json").read_text())
   refit_cfg = json.loads((tmp_path / "refit" / "config.json").read_text())
