@@ -12,16 +12,18 @@ loader finds (`<data_dir>/<name>/<name>_train.txt` and `_test.txt`, XC format), 
 What it does (snm_jax/train/recipes.py): 10% of the training file is held out as a validation
 split (by example index, seed `dataset.validation_seed`); the fields left at "auto" / -1 below
 are derived from the data's statistics:
-  model.kind           linear ([x, 1] against a K x (d+1) table: a one-vs-rest-sized linear model)
-                       while K (d + 1) <= 2^28, else the SNM tower;
+  model.kind           searched over linear ([x, 1] against a K x (d+1) table) and wide_deep (that
+                       plus the SNM tower below) while the table K (d + 1 + out) <= 2^28 entries,
+                       else the SNM tower alone;
+  model.bag_matmul     the tower's input layer as a dense matmul while d <= 2^14, else a gather;
   loss / sampler       exact softmax over all labels while K <= 2^14, else sampled softmax with
                        the logQ correction over min(8192, K) uniform negatives;
   train.batch_size     a power of two, 32..512, at most 1/8 of the training points;
   train.num_steps      recipe.epochs passes over the training part, clipped to [500, 4000];
   table.learning_rate  0.16 x batch size for the linear model (the per-example step that was
                        stable on the Bibtex and Delicious validation splits), cosine-decayed;
-and one run per point of `recipe.search` (learning rate x {0.5, 1, 2} and the multilabel
-conversion, 6 candidates) is trained, each keeping its best validation checkpoint. The candidate
+and one run per point of `recipe.search` ("auto": the model as above x the table learning rate
+x {0.5, 1, 2}, 6 candidates) is trained, each keeping its best validation checkpoint. The candidate
 with the best validation P@1 is the result; the test split is never used to choose.
 Set any of those fields explicitly to keep it as given.
 """
