@@ -159,7 +159,6 @@ def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False,
     (rundir / "failed.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}))
     logging.error("run %s/seed%d failed: %s", point.name, seed, e)
     return {"error": str(e)}
-  out.pop("state", None)
   if clean:
     shutil.rmtree(rundir / "checkpoints", ignore_errors=True)
   return out

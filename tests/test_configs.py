@@ -62,7 +62,7 @@ def test_paper_scale_config_two_step_smoke(tmp_path, module, variant):
   c.train.fingerprint = False
   c.mesh.shape = (1, 8)  # the table sharded 8 ways (replicated it would need 8 copies)
   c.eval.recall_r = 10
-  out = train_and_evaluate(c, tmp_path)
+  out, state = train_and_evaluate(c, tmp_path, return_state=True)
   assert out["num_labels"] == k and out["steps"] == 2
-  assert out["state"].table.shape == (-(-k // 8) * 8, 512)
+  assert state.table.shape == (-(-k // 8) * 8, 512)
   assert out["nonfinite_steps"] == 0

@@ -34,7 +34,6 @@ def base_run(tmp_path_factory):
   """A finished 20-step run with checkpoints at steps 10 and 20 (copied by each test)."""
   wd = tmp_path_factory.mktemp("base") / "run"
   out = train_and_evaluate(synthetic_config(**RUN), wd)
-  out.pop("state")
   return wd, out
 
 

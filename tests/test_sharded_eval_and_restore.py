@@ -217,6 +217,10 @@ def _losses(workdir):
   return np.array([r["loss"] for r in map(json.loads, lines) if "loss" in r])
 
 
+def _with_state(results, state):
+  return {**results, "state": state}
+
+
 def _retarget(state, mesh):
   """Restore target: `state`'s shapes with the shardings create_state gives on `mesh`."""
   rep = sharding.named(mesh, sharding.REPLICATED)
@@ -239,12 +243,14 @@ def runs(tmp_path_factory):
   is the single run)."""
   root = tmp_path_factory.mktemp("sharded_runs")
   out = {"root": root}
-  out["sharded"] = train_and_evaluate(_config((2, 4)), root / "sharded")
-  out["single"] = train_and_evaluate(_config((1, 1), **{"train.checkpoint_every": 0}), root / "single")
+  out["sharded"] = _with_state(*train_and_evaluate(_config((2, 4)), root / "sharded", return_state=True))
+  out["single"] = _with_state(*train_and_evaluate(_config((1, 1), **{"train.checkpoint_every": 0}),
+                                                  root / "single", return_state=True))
   (root / "cont" / "checkpoints").mkdir(parents=True)
   shutil.copytree(root / "sharded" / "checkpoints" / str(STEPS // 2),
                   root / "cont" / "checkpoints" / str(STEPS // 2))
-  out["cont"] = train_and_evaluate(_config((1, 4), **{"train.checkpoint_every": 0}), root / "cont")
+  out["cont"] = _with_state(*train_and_evaluate(_config((1, 4), **{"train.checkpoint_every": 0}),
+                                                root / "cont", return_state=True))
   return out
 
 

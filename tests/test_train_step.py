@@ -136,7 +136,7 @@ def test_nonfinite_loss_drops_the_update():
 def test_valid_negatives_metric_counts_the_mask():
   """The sort-based count of valid shared draws equals summing the (N, B) mask,
   with padding draws, repeated draws, padded label slots and repeated labels."""
-  from snm_jax.train.step import _shared_valid_count  # pylint: disable=g-import-not-at-top
+  from snm_jax.mining.negatives import shared_valid_count  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   num_labels = 20
   ids = rng.integers(0, num_labels + 4, 64).astype(np.int32)  # >= num_labels: padding draws
@@ -144,7 +144,7 @@ def test_valid_negatives_metric_counts_the_mask():
   label_set[0] = [3, 3, -1, -1, 7]
   hit = np.any(ids[None, :, None] == label_set[:, None, :], axis=-1)
   expected = np.sum((ids[None] < num_labels) & ~hit, axis=-1)
-  got = np.asarray(_shared_valid_count(jnp.asarray(ids), jnp.asarray(label_set), num_labels))
+  got = np.asarray(shared_valid_count(jnp.asarray(ids), jnp.asarray(label_set), num_labels))
   np.testing.assert_array_equal(got, expected)
   assert expected.min() < expected.max()  # the case exercises hits
 

@@ -1,6 +1,6 @@
 """The tree sampler inside the trainer: projection of padded sparse batches, and
-draws of negatives with their log p_n, behind the interface `train.step` uses
-for non-stratified ("global") samplers."""
+draws of negatives with their log p_n: the `draw` of a global sampler
+(`snm_jax.mining.negatives.GlobalNegatives`)."""
 
 from __future__ import annotations
 
@@ -27,16 +27,10 @@ class TreeTrainingSampler:
   """
   tree: tree_lib.ProbabilisticTree
   num_samples: int
-  per_example = True
-  stratified = False
 
   @property
   def num_labels(self) -> int:
     return self.tree.num_labels
-
-  @property
-  def padded_labels(self) -> int:  # the table needs no padding for this sampler
-    return self.num_labels
 
   def project_sparse(self, feat_ids_NxZ, feat_vals_NxZ):
     """(N, nnz) padded sparse rows -> (N, k) projected features."""

@@ -215,7 +215,6 @@ def _run_or_load(config, workdir: Path) -> dict:
     return json.loads(done.read_text())
   logging.info("candidate %s: training -> %s", workdir.name, workdir)
   out = loop.train_and_evaluate(config, workdir)
-  out.pop("state")  # the device state: the recipe keeps only what results.json holds
   return out
 
 

@@ -27,5 +27,4 @@ def run_or_load(config, workdir, name: str = "") -> dict:
     return json.loads(done.read_text())
   print(f"[{name or workdir.name}] training -> {workdir}", flush=True)
   out = train(config, workdir)
-  out.pop("state", None)
   return out

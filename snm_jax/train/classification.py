@@ -1,0 +1,175 @@
+"""The extreme-classification task: sparse inputs, a sharded class table and
+sampled negatives (SNM/S2M, negative sampling, sampled/full softmax, NCE, the
+adversarial tree sampler), as a `snm_jax.train.task.Task` for the loop.
+
+Owns every method-specific piece of a run: the data, the sampler (fitting
+Bamler & Mandt's tree when `mining.sampler="tree"`), the train step, the state
+(created sharded), the input pipeline and the evaluators (with their Eq. 5
+debiasing, log-likelihood and Bayes comparison, `snm_jax.train.evaluate`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from snm_jax import sharding
+from snm_jax.data.conversions import conversion_fn
+from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data_slice
+from snm_jax.errors import ConfigError
+from snm_jax.mining.samplers import padded_num_labels
+from snm_jax.train import builders
+from snm_jax.train.evaluate import make_evaluate
+from snm_jax.train.run_data import load_run_data
+from snm_jax.train.step import TrainState, make_train_step
+from snm_jax.train.task import Task
+
+
+class GlobalBatches:
+  """This process's batches of `SparseBatcher`, as global arrays sharded over the mesh."""
+
+  def __init__(self, batcher: SparseBatcher, mesh):
+    self.batcher, self.mesh = batcher, mesh
+
+  def __next__(self) -> dict:
+    return make_global_batch(next(self.batcher), self.mesh)
+
+  def get_state(self) -> dict:
+    return self.batcher.get_state()
+
+  def set_state(self, state: dict) -> None:
+    self.batcher.set_state(state)
+
+  @property
+  def stats(self) -> dict:
+    return self.batcher.stats
+
+
+def build(config, mesh) -> Task:
+  """Data -> sampler -> step -> pipeline -> state -> evaluators, for `config` on `mesh`."""
+  run_data = load_run_data(config)
+  num_labels = run_data.num_labels
+  builders.validate(config, num_labels)
+  logging.info("data: %s, %d train / %d validation / %d test points, d=%d, K=%d", run_data.source,
+               run_data.train.features.shape[0],
+               run_data.validation.features.shape[0] if run_data.validation is not None else 0,
+               run_data.test.features.shape[0], run_data.num_features, num_labels)
+  if config.mining.num_strata % mesh.shape[sharding.MODEL]:
+    raise ConfigError("mining.num_strata", f"{config.mining.num_strata} is not a multiple of "
+                      f"the mesh's model size {mesh.shape[sharding.MODEL]}")
+
+  tower, dim = builders.make_tower(config, run_data.num_features)
+  table_rows = padded_num_labels(num_labels, config.mining.num_strata)
+  t_fit = time.perf_counter()
+  if config.mining.sampler == "tree":
+    sampler, cdf = _fit_tree(config, run_data), None
+  else:
+    sampler, cdf = builders.make_sampler(config, num_labels, run_data.label_counts)
+  tree_fit_seconds = time.perf_counter() - t_fit if config.mining.sampler == "tree" else 0.0
+  tx = builders.make_tower_optimizer(config)
+  row_opt = builders.make_row_optimizer(config)
+  normalize_classes = builders.resolve_normalize_classes(config)
+  cdf_dev = None if cdf is None else jax.device_put(cdf, sharding.named(mesh, jax.P(sharding.MODEL)))
+  train_step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
+                               table_lr=builders.make_table_schedule(config), sampler=sampler,
+                               loss=builders.make_loss_spec(config, num_labels), mesh=mesh,
+                               normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
+                               table_rows=table_rows, max_traces=1)
+
+  # This process's block of the global batch under the mesh (not jax.process_index():
+  # processes that share a data shard, e.g. a model axis spanning hosts, feed the same rows).
+  process_index, process_count = process_data_slice(mesh)
+  batcher = SparseBatcher(
+      run_data.train.features, run_data.train.labels, config.dataset.conversion,
+      global_batch_size=config.train.batch_size,
+      max_nnz=config.dataset.max_nnz or "auto", max_labels=config.dataset.max_labels or "auto",
+      seed=config.seed, process_index=process_index, process_count=process_count)
+
+  state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.max_nnz)
+  logging.info("state created: table %s (%s) on mesh %s", state.table.shape, state.table.dtype,
+               dict(mesh.shape))
+
+  eval_kwargs = dict(tower_apply=tower.apply, mesh=mesh, normalize_classes=normalize_classes,
+                     max_nnz=batcher.max_nnz, max_labels=batcher.max_labels,
+                     tree_sampler=sampler if config.mining.sampler == "tree" else None)
+  evaluators = {"test": make_evaluate(config, run_data, "test", **eval_kwargs)}
+  if run_data.validation is not None:
+    evaluators["validation"] = make_evaluate(config, run_data, "validation", **eval_kwargs)
+  return Task(state=state, train_step=train_step, batches=GlobalBatches(batcher, mesh),
+              evaluators=evaluators,
+              info={"dataset": run_data.source, "num_labels": num_labels,
+                    "tree_fit_seconds": tree_fit_seconds})  # not included in train_seconds
+
+
+def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, max_nnz):
+  """Initialises the state directly with its shardings (no full table on one device)."""
+  key = jax.random.key(config.seed)
+  k_tower, k_table = jax.random.split(key)
+  dummy_ids = jnp.zeros((1, max_nnz), jnp.int32)
+  dummy_vals = jnp.zeros((1, max_nnz), jnp.float32)
+
+  num_model = mesh.shape[sharding.MODEL]
+  strata = config.mining.num_strata
+  scale = builders.table_init_scale(config)
+
+  def init_table_shard():
+    # Block by block inside a fori_loop, each block from a key of (stratum,
+    # block): the table is the same on any mesh (a stratum never straddles two
+    # shards), and the init's temporaries are one block, not ~3x the table
+    # (threefry bits + floats) as a single jax.random.normal would need.
+    j = jax.lax.axis_index(sharding.MODEL)
+    per_shard = strata // num_model
+    rows = table_rows // strata
+    block = min(rows, 65_536)
+    blocks_per_stratum = -(-rows // block)
+
+    def body(i, buf):
+      local_s, b = i // blocks_per_stratum, i % blocks_per_stratum
+      start = jnp.minimum(b * block, rows - block)  # the last block is shifted back
+      key = jax.random.fold_in(jax.random.fold_in(k_table, j * per_shard + local_s), b)
+      values = scale * jax.random.normal(key, (block, dim), jnp.float32)
+      return jax.lax.dynamic_update_slice_in_dim(buf, values, local_s * rows + start, 0)
+
+    return jax.lax.fori_loop(0, per_shard * blocks_per_stratum, body,
+                             jnp.zeros((per_shard * rows, dim), jnp.float32))
+
+  init_table = jax.shard_map(init_table_shard, mesh=mesh, in_specs=(),
+                             out_specs=sharding.TABLE, check_vma=False)
+
+  def init():
+    params = tower.init(k_tower, dummy_ids, dummy_vals)
+    table = init_table()
+    return TrainState.create(params=params, opt_state=tx.init(params),
+        table=table,
+        table_state=row_opt.init(table_rows, dim))
+
+  abstract = jax.eval_shape(init)
+  replicated = sharding.named(mesh, sharding.REPLICATED)
+  shardings = jax.tree.map(lambda _: replicated, abstract)
+  shardings = shardings.replace(
+      table=sharding.named(mesh, sharding.TABLE),
+      table_state=jax.tree.map(lambda x: sharding.named(mesh, jax.P(sharding.MODEL, *[None] * (x.ndim - 1))),
+                               abstract.table_state))
+  state = jax.jit(init, out_shardings=shardings)()
+  sharding.assert_table_sharded(state.table, mesh)
+  return state
+
+
+def _fit_tree(config, run_data):
+  """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion."""
+  from snm_jax.adversarial.training import fit_tree_sampler  # pylint: disable=g-import-not-at-top
+  if not 0 < config.adversarial.pca_dim <= run_data.num_features:
+    raise ConfigError("adversarial.pca_dim", f"{config.adversarial.pca_dim} must be in "
+                      f"[1, num_features={run_data.num_features}]")
+  rows, labels = conversion_fn(config.dataset.conversion, run_data.train.labels, config.seed)(0)
+  t0 = time.perf_counter()
+  sampler = fit_tree_sampler(run_data.train.features[rows], labels, run_data.num_labels,
+                             pca_dim=config.adversarial.pca_dim, reg=config.adversarial.node_reg,
+                             num_samples=config.mining.num_samples,
+                             max_reassign_iters=config.adversarial.max_reassign_iters)
+  logging.info("adversarial tree fitted on %d pairs, C=%d, in %.1fs", len(labels),
+               run_data.num_labels, time.perf_counter() - t0)
+  return sampler

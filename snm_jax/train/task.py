@@ -1,0 +1,83 @@
+"""What the loop trains: a `Task` holds every method-specific piece of a run.
+
+`snm_jax.train.loop.train_and_evaluate` is one loop for every method; it asks
+`build_task(config, mesh)` for
+
+  * `state`: the initial train state, a pytree with `step`, `nonfinite_steps`
+    and `first_nonfinite_step` (int32 scalars; see `snm_jax.train.step.TrainState`),
+    created with its shardings;
+  * `train_step(state, batch, rng) -> (state, metrics)`: jitted, pure;
+  * `batches`: an iterator of global batches with `get_state()` /
+    `set_state(s)` (JSON-able, restored bit-exactly on resume) and `stats`;
+  * `evaluators`: `{"test": fn, "validation": fn?}` with `fn(state) -> {metric: value}`;
+  * `info`: extra `results.json` fields (dataset, number of labels, fit time).
+
+and does the rest the same way for all of them: restore, logging, evaluation and
+model selection, checkpoints, non-finite handling, results.
+
+Tasks: "classification" (extreme classification with sampled negatives:
+SNM/S2M, negative sampling, sampled/full softmax, NCE, the adversarial tree
+sampler; `snm_jax.train.classification`) and "retrieval" (SOPRC and the
+other AUPRC losses on class-balanced embedding batches; `snm_jax.train.retrieval`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Callable, Protocol
+
+import jax
+import numpy as np
+
+from snm_jax.errors import ConfigError
+from snm_jax.train.host import to_host
+
+TASKS = ("classification", "retrieval")
+
+
+class Batches(Protocol):
+  """A resumable iterator of global (mesh-sharded) batches."""
+
+  def __next__(self) -> dict: ...
+
+  def get_state(self) -> dict: ...
+
+  def set_state(self, state: dict) -> None: ...
+
+  @property
+  def stats(self) -> dict: ...
+
+
+@dataclasses.dataclass
+class Task:
+  state: Any
+  train_step: Callable
+  batches: Batches
+  evaluators: dict[str, Callable]
+  info: dict = dataclasses.field(default_factory=dict)
+
+
+def state_fingerprint(state) -> str:
+  """sha256 of every trained byte of `state`: equal fingerprints = bitwise-equal runs.
+
+  A state may name its trained leaves by a `fingerprint_leaves()` method (the
+  order is part of the fingerprint); otherwise all its leaves are hashed.
+  """
+  leaves = state.fingerprint_leaves() if hasattr(state, "fingerprint_leaves") else state
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(leaves):
+    h.update(np.ascontiguousarray(to_host(leaf)).tobytes())
+  return h.hexdigest()
+
+
+def build_task(config, mesh) -> Task:
+  """The task `config.task` names (default "classification"), built on `mesh`."""
+  kind = config.get("task", "classification")
+  if kind == "classification":
+    from snm_jax.train import classification  # pylint: disable=g-import-not-at-top
+    return classification.build(config, mesh)
+  if kind == "retrieval":
+    from snm_jax.train import retrieval  # pylint: disable=g-import-not-at-top
+    return retrieval.build(config, mesh)
+  raise ConfigError("task", f"{kind!r} is not one of {list(TASKS)}")
