@@ -1,10 +1,11 @@
 """snm-jax: learning with very large output spaces in JAX.
 
-Sub-packages: `losses` (the one loss layer: the trained sampled losses and their
-registry, exact OWL references, SNM/S2M, softmax family, distributed top-k),
-`auprc` (SOPRC), `metrics`, `data`, `models`, `mining` (negative samplers and
-sharded retrieval), `adversarial` (tree sampler), `train` (step, sparse table
-optimisers, loop), `sharding`, `errors`.
+Sub-packages, lowest layer first (docs/ARCHITECTURE.md): `losses` (the one loss
+layer: the trained sampled losses and their registry, exact OWL references,
+S2M, distributed top-k), `metrics`, `models`, `adversarial` (the tree sampler),
+`data`, `auprc` (SOPRC), `mining` (negative samplers, their layout on the mesh
+and sharded retrieval), `train` (tasks, step, sparse table optimisers, the one
+loop), plus `sharding` and `errors`.
 """
 
 __version__ = "0.1.0"

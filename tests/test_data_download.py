@@ -128,12 +128,12 @@ def test_offline_and_http_errors_are_typed(tmp_path):
     download.download_dataset("no-such-dataset", cache_dir=tmp_path)
 
 
-def test_load_dataset_download_flag(tmp_path):
+def test_load_or_download_fetches_a_missing_dataset(tmp_path):
   spec = _tiny_spec(tmp_path / "www")
   with _serve(tmp_path / "www") as url:
     download.register_dataset(download.RemoteDataset(spec.name, url, spec.kind, spec.files))
     try:
-      ds = datasets.load_dataset("tiny", "test", data_dir=tmp_path / "cache", download=True)
+      ds = download.load_or_download("tiny", "test", data_dir=tmp_path / "cache")
     finally:
       del download.REGISTRY["tiny"]
   np.testing.assert_array_equal(ds.features.toarray(), [[0, 0, 1]])

@@ -67,7 +67,10 @@ def runs(tmp_path_factory):
   """Both 2-process runs (started first, in the background) and their 1-process references."""
   root = tmp_path_factory.mktemp("multihost")
   procs = {m: _launch(m, root / f"mp_{m[0]}x{m[1]}") for m in MESHES}
-  refs = {m: train_and_evaluate(_config(m), root / f"ref_{m[0]}x{m[1]}") for m in MESHES}
+  refs = {}
+  for m in MESHES:
+    results, state = train_and_evaluate(_config(m), root / f"ref_{m[0]}x{m[1]}", return_state=True)
+    refs[m] = {**results, "state": state}
   out = {}
   for m, p in procs.items():
     try:

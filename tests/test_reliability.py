@@ -18,7 +18,7 @@ import pytest
 
 from snm_jax import sharding
 from snm_jax.errors import CheckpointError, ConfigError, NonFiniteLossError, WorkdirInUseError
-from snm_jax.train import loop
+from snm_jax.train import classification
 from snm_jax.train.checkpointing import state_digest
 from snm_jax.train.host import workdir_lock
 from snm_jax.train.loop import train_and_evaluate
@@ -182,7 +182,7 @@ def test_cli_on_a_workdir_in_use_exits_with_one_line(tmp_path):
 
 def _poison_batches_from(monkeypatch, first_bad_step: int):
   """Feeds NaN feature values from the `first_bad_step`-th batch (1-based) on."""
-  real = loop.make_global_batch
+  real = classification.make_global_batch
   calls = {"n": 0}
 
   def poisoned(host_batch, mesh):
@@ -190,7 +190,7 @@ def _poison_batches_from(monkeypatch, first_bad_step: int):
     if calls["n"] >= first_bad_step:
       host_batch = {**host_batch, "feat_vals": np.full_like(host_batch["feat_vals"], np.nan)}
     return real(host_batch, mesh)
-  monkeypatch.setattr(loop, "make_global_batch", poisoned)
+  monkeypatch.setattr(classification, "make_global_batch", poisoned)
 
 
 def test_stop_names_the_logged_step_and_the_committed_checkpoint(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 
 from np_reference import NP_PHI, np_owl
 from snm_jax import losses
+from snm_jax.losses import sampled
 
 B, K = 8, 40
 
@@ -134,26 +135,23 @@ def test_grad_matches_finite_differences(kind):
   np.testing.assert_allclose(g_pos, (f(pos + eps, neg) - f(pos - eps, neg)) / (2 * eps), rtol=1e-6)
 
 
-def test_ordered_weighted_phi_sum_from_sharded_pieces():
-  """A miner holding the negatives in 2 shards: merge the per-shard top k, add the sums."""
+def test_ordered_weighted_loss_from_sharded_pieces():
+  """The negatives in 2 shards (a named vmap axis stands for the mesh axis): the trainer's
+  loss merges the per-shard top k and psums the tail; it equals the unsharded snm_loss."""
   pos, neg, mask = _batch(np.random.default_rng(3), b=2 * B)
   valid = ~mask
   vartheta = losses.power_law_vartheta(1.0, 2 * B, K, k=4, floor=0.02)
   head, tail = losses.split_vartheta(vartheta)
-  k = head.shape[0]
-  tops, oks, sums = [], [], []
-  for s in (slice(0, B), slice(B, 2 * B)):
-    top, ok, _ = losses.masked_top_k(neg[:, s], k, valid[:, s])
-    tops.append(top)
-    oks.append(ok)
-    sums.append(losses.masked_phi_sum(pos, neg[:, s], losses.hinge, "powl", valid[:, s]))
-  top, ok, _ = losses.masked_top_k(jnp.concatenate(tops, 1), k, jnp.concatenate(oks, 1))
-  got = losses.ordered_weighted_phi_sum(pos, top, head - tail, tail, sums[0] + sums[1],
-                                        "hinge", "powl", valid_top=ok)
+  shards = lambda x: jnp.stack([x[:, :B], x[:, B:]])  # pylint: disable=unnecessary-lambda-assignment
+  sharded = jax.vmap(lambda n, v: sampled.ordered_weighted_loss(
+      pos, n, v, head_minus_tail=np.asarray(head - tail, np.float32), tail=float(tail),
+      phi=losses.hinge, kind="powl", axis_name="shards")[0], axis_name="shards")
+  got = sharded(shards(neg), shards(valid))
   want = jax.vmap(functools.partial(losses.snm_loss, vartheta=vartheta, kind="powl"))(
       pos, neg, neg_mask=mask)
-  assert got.shape == (len(pos),)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert got.shape == (2, len(pos))
+  np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["bowl", "powl"])

@@ -21,6 +21,7 @@ from snm_jax.data.download import DownloadError
 from snm_jax.data.download import RemoteDataset
 from snm_jax.data.download import RemoteFile
 from snm_jax.data.download import download_dataset
+from snm_jax.data.download import load_or_download
 from snm_jax.data.download import mulan_to_xc
 from snm_jax.data.download import read_mulan_arff
 from snm_jax.data.download import register_dataset

@@ -196,26 +196,19 @@ def _label_names(folder: Path, name: str, num_labels: int) -> list[str] | None:
   return names if len(names) == num_labels else None
 
 
-def load_dataset(name: str, split: str = "train", data_dir=None,
-                 download: bool = False) -> XCDataset:
+def load_dataset(name: str, split: str = "train", data_dir=None) -> XCDataset:
   """Loads one split of a named dataset from the first root that has it.
 
   Args:
     name: e.g. "bibtex", "delicious" (folder name, case-insensitive).
     split: "train" or "test".
     data_dir: search only this root (default: `data_search_dirs()`).
-    download: if not found and `name` is in the download registry, fetch it
-      into the cache first (needs internet).
 
   Raises:
     DatasetNotFoundError: listing every place searched (on one line).
     DataFormatError: if the file is malformed.
   """
   folder = find_dataset(name, split, data_dir)
-  if folder is None and download:
-    from snm_jax.data import download as download_lib  # Avoids an import cycle.
-    download_lib.download_dataset(name, cache_dir=data_dir)
-    folder = find_dataset(name, split, data_dir)
   if folder is None:
     roots = [Path(data_dir)] if data_dir is not None else data_search_dirs()
     where = ", ".join(str(r / name) for r in roots)

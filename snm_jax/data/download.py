@@ -300,3 +300,11 @@ def mulan_to_xc(arff_path, xml_path, out_path) -> None:
   tmp = out_path.with_name(out_path.name + ".part")
   xc_format.write_xc(tmp, features, labels)
   os.replace(tmp, out_path)
+
+
+def load_or_download(name: str, split: str = "train", data_dir=None) -> datasets.XCDataset:
+  """`datasets.load_dataset`, fetching a registered dataset into `data_dir` (default: the
+  cache) first when no search root has it (needs internet; training never calls this)."""
+  if datasets.find_dataset(name, split, data_dir) is None:
+    download_dataset(name, cache_dir=data_dir)
+  return datasets.load_dataset(name, split, data_dir)

@@ -14,9 +14,9 @@ axis and broadcast over leading dims. SOPRC lives in `snm_jax.auprc`.
 
 from snm_jax.losses.contrastive import cosine_contrastive_loss
 from snm_jax.losses.owl import bowl, owl_loss, powl, sorted_other_scores
-from snm_jax.losses.ranking import masked_phi_sum, masked_top_k, phi_terms
+from snm_jax.losses.ranking import masked_top_k, phi_terms
 from snm_jax.losses.s2m import avg_top_k, s2m_loss
-from snm_jax.losses.snm import ordered_weighted_phi_sum, snm_loss
+from snm_jax.losses.snm import snm_loss
 from snm_jax.losses.softmax import (
     nce_loss,
     negative_sampling_loss,
@@ -43,9 +43,9 @@ from snm_jax.losses.vartheta import (
 
 __all__ = [
     "PHIS", "avg_top_k", "bowl", "cosine_contrastive_loss", "expected_owl_theta",
-    "exponential", "get_phi", "hinge", "logistic", "masked_phi_sum",
+    "exponential", "get_phi", "hinge", "logistic",
     "masked_top_k", "nce_loss", "negative_sampling_loss",
-    "negative_sampling_vartheta", "ordered_weighted_phi_sum", "owl_loss",
+    "negative_sampling_vartheta", "owl_loss",
     "phi_terms", "power_law_vartheta", "powl", "ramp", "s2m_loss",
     "sampled_softmax", "snm_loss", "softmax_cross_entropy",
     "sorted_other_scores", "split_vartheta", "squared_hinge",

@@ -158,6 +158,11 @@ def masked_top_k(scores_xB: jax.Array, k: int, valid_xB: Optional[jax.Array] = N
   return top, jnp.take_along_axis(valid_xB, idx, axis=-1, mode="promise_in_bounds"), idx
 
 
+def owl_terms(pos, neg, kind: str):
+  """The argument of phi for each negative: -v_j (BOWL) or v_y - v_j (POWL); pos (...,), neg (..., B)."""
+  return -neg if kind == "bowl" else pos[..., None] - neg
+
+
 def phi_terms(pos_score: jax.Array, neg_scores: jax.Array, phi: Phi, kind: str,
               valid: Optional[jax.Array] = None) -> jax.Array:
   """Per-negative terms: phi(v_y - v_j) (POWL) or phi(-v_j) (BOWL).
@@ -172,21 +177,10 @@ def phi_terms(pos_score: jax.Array, neg_scores: jax.Array, phi: Phi, kind: str,
   Returns:
     (..., B) array of terms.
   """
-  u = (jnp.expand_dims(pos_score, -1) - neg_scores if kind == "powl"
-       else -neg_scores)
+  u = owl_terms(pos_score, neg_scores, kind)
   if valid is None:
     return phi(u)
   # Double where: evaluating phi at a benign u for invalid entries keeps the
   # backward pass free of 0 * inf = NaN (e.g. exponential at garbage scores).
   u_safe = jnp.where(valid, u, jnp.ones_like(u))
   return jnp.where(valid, phi(u_safe), jnp.zeros_like(u_safe))
-
-
-def masked_phi_sum(pos_score: jax.Array, neg_scores: jax.Array, phi: Phi,
-                   kind: str, valid: Optional[jax.Array] = None) -> jax.Array:
-  """sum_j valid_j * phi_term(j) over the last axis; shape (...,).
-
-  Additive over any partition of the negatives, so a sharded caller can sum
-  per-shard results (e.g. with `jax.lax.psum`).
-  """
-  return jnp.sum(phi_terms(pos_score, neg_scores, phi, kind, valid), axis=-1)

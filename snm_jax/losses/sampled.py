@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snm_jax.losses.ranking import masked_top_k
+from snm_jax.losses.ranking import masked_top_k, owl_terms
 from snm_jax.losses.topk import merge_top_k_across
 
 
@@ -36,11 +36,6 @@ def _psum(x, axis_name):
 
 def _pmax(x, axis_name):
   return x if axis_name is None else jax.lax.pmax(x, axis_name)
-
-
-def owl_terms(pos, neg, kind: str):
-  """The argument of phi for each negative: -v_j (BOWL) or v_y - v_j (POWL)."""
-  return -neg if kind == "bowl" else pos[..., None] - neg
 
 
 def ordered_weighted_loss(pos, scores, valid, *, head_minus_tail: np.ndarray, tail: float,

@@ -8,8 +8,9 @@ as v^B_[1] >= ... >= v^B_[B]:
 With a concrete vartheta = (head (k,), constant tail c) (`split_vartheta`),
   sum_j vartheta_j phi_[j] = sum_{j<k} (head_j - c) phi_[j] + c sum_j phi_j,
 so only `jax.lax.top_k(., k)` is needed (skipped when k = 0), never a full sort.
-`ordered_weighted_phi_sum` is that arithmetic on its own, for callers (e.g. a
-sharded miner) that compute the top k and the plain sum themselves.
+The one implementation is the trainer's `snm_jax.losses.sampled.ordered_weighted_loss`
+(which also runs sharded: a top-k merge and a psum over the mesh axis);
+`snm_loss` is its single-example, vartheta-array interface.
 """
 
 import jax
@@ -19,48 +20,6 @@ import numpy as np
 from snm_jax.losses import ranking, sampled
 from snm_jax.losses.surrogates import PhiLike, get_phi
 from snm_jax.losses.vartheta import split_vartheta, validate_vartheta
-
-
-def ordered_weighted_phi_sum(pos_score, top_scores, head_minus_tail, tail: float,
-                             phi_sum_all=None, phi: PhiLike = "hinge",
-                             kind: str = "bowl", valid_top=None) -> jax.Array:
-  """SNM loss from the top-k sorted negatives and a sum over all negatives.
-
-  loss = [phi(v_y) if BOWL] + sum_{j<k} (head_j - tail) valid_top_j term(top_j)
-         + tail * phi_sum_all,
-  term(s) = phi(v_y - s) (POWL) or phi(-s) (BOWL).
-
-  Args:
-    pos_score: (...,) positive scores v_y (leading batch dims allowed, e.g. (N,)).
-    top_scores: (..., k) the k largest valid negative scores, non-increasing
-      along the last axis (e.g. from `masked_top_k` or a distributed top-k).
-    head_minus_tail: (k,) `head - tail` from `split_vartheta` (non-negative).
-    tail: static float, the constant tail of vartheta.
-    phi_sum_all: (...,) sum over ALL valid sampled negatives of term(s), e.g.
-      `masked_phi_sum(...)` (summed over shards). May be None when tail == 0.
-    phi: surrogate name or callable.
-    kind: "bowl" or "powl".
-    valid_top: optional (..., k) bool, False for padding entries of the top k
-      (fewer than k valid negatives); those contribute 0.
-
-  Returns:
-    (...,) losses.
-  """
-  phi_fn = get_phi(phi)
-  ranking.check_kind(kind)
-  pos_score = ranking.as_float(pos_score)
-  loss = jnp.zeros_like(pos_score)
-  if jnp.shape(head_minus_tail)[-1] > 0:
-    terms = ranking.phi_terms(pos_score, ranking.as_float(top_scores), phi_fn,
-                              kind, valid_top)
-    loss = loss + jnp.sum(jnp.asarray(head_minus_tail, terms.dtype) * terms, axis=-1)
-  if tail != 0:
-    if phi_sum_all is None:
-      raise ValueError(f"phi_sum_all: required when tail = {tail} != 0")
-    loss = loss + tail * phi_sum_all
-  if kind == "bowl":
-    loss = loss + phi_fn(pos_score)
-  return loss
 
 
 def snm_loss(pos_score, neg_scores, vartheta, phi: PhiLike = "hinge",
@@ -91,19 +50,15 @@ def snm_loss(pos_score, neg_scores, vartheta, phi: PhiLike = "hinge",
   num_negatives = neg_scores.shape[-1]
   valid = None if neg_mask is None else ~jnp.asarray(neg_mask, bool)
 
-  if isinstance(vartheta, jax.core.Tracer):
+  valid = jnp.ones(neg_scores.shape, bool) if valid is None else jnp.broadcast_to(valid, neg_scores.shape)
+  if isinstance(vartheta, jax.core.Tracer):  # every weight may vary: a top-B (a full sort), no tail
     if vartheta.shape != (num_negatives,):
       raise ValueError(f"vartheta: shape {vartheta.shape} != (B,) = ({num_negatives},)")
-    sorted_scores, valid_s, _ = ranking.masked_top_k(neg_scores, num_negatives, valid)
-    terms = ranking.phi_terms(pos_score, sorted_scores, phi_fn, kind,
-                              None if valid is None else valid_s)
-    loss = jnp.sum(vartheta.astype(terms.dtype) * terms, axis=-1)
-    return loss + phi_fn(pos_score) if kind == "bowl" else loss
-
-  head, tail = split_vartheta(validate_vartheta(vartheta, num_negatives))
+    head_minus_tail, tail = vartheta, 0.0
+  else:
+    head, tail = split_vartheta(validate_vartheta(vartheta, num_negatives))
+    head_minus_tail, tail = np.asarray(head - np.float32(tail), np.float32), float(tail)
   # The trainer's implementation (Algorithm 1 as the step runs it, unsharded).
-  valid = jnp.ones(neg_scores.shape, bool) if valid is None else jnp.broadcast_to(valid, neg_scores.shape)
-  loss, _ = sampled.ordered_weighted_loss(
-      pos_score, neg_scores, valid, head_minus_tail=np.asarray(head - np.float32(tail), np.float32),
-      tail=float(tail), phi=phi_fn, kind=kind, return_hardest=False)
+  loss, _ = sampled.ordered_weighted_loss(pos_score, neg_scores, valid, head_minus_tail=head_minus_tail,
+                                          tail=tail, phi=phi_fn, kind=kind, return_hardest=False)
   return loss

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from snm_jax.mining.samplers import StratifiedSampler, uniform_log_expected_count
-from snm_jax.sharding import DATA, MODEL
+from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
 
 P = jax.P
 
@@ -148,7 +148,7 @@ class _StratifiedNegatives:
     cdf_args = (self.stratum_cdf,) if has_cdf else ()
     sample_gather = jax.shard_map(
         self._sample_gather, mesh=self.mesh,
-        in_specs=(P(MODEL, None), P(DATA), P(DATA), P()) + ((P(MODEL),) if has_cdf else ()),
+        in_specs=(TABLE, BATCH, BATCH, P()) + ((P(MODEL),) if has_cdf else ()),
         out_specs=(self.ids_spec, self.ids_spec, self.rows_spec, P(MODEL, DATA, None), P(MODEL, DATA)))
     ids, log_q, rows, pos_rows, owned = sample_gather(table, batch["label"], batch["example_id"], key,
                                                       *cdf_args)
@@ -219,7 +219,7 @@ class GlobalNegatives:
   def draw_and_gather(self, table, batch, key) -> Draws:
     ids, log_q, log_q_pos = self.source.draw(key, batch["feat_ids"], batch["feat_vals"], batch["label"])
     rows, pos_rows, owned = jax.shard_map(
-        self._gather_owned, mesh=self.mesh, in_specs=(P(MODEL, None), P(DATA), P(DATA, None)),
+        self._gather_owned, mesh=self.mesh, in_specs=(TABLE, BATCH, P(DATA, None)),
         out_specs=(self.rows_spec, P(MODEL, DATA, None), P(MODEL, DATA)))(table, batch["label"], ids)
     return Draws(ids, log_q, log_q_pos, rows, pos_rows, owned)
 

@@ -51,8 +51,10 @@ class StratifiedSampler:
     num_samples: B, draws per step (shared) or per example (per-example).
     num_strata: V; B and K_pad must be divisible by V and V by the mesh's model size.
     per_example: False draws one set of B ids shared by the whole minibatch
-      (scores are one N x B matmul); True draws B ids for every example
-      (Algorithm 1 of Reddi et al. 2019, exactly).
+      (scores are one N x B matmul); True draws B ids for every example.
+      Either way the draws are with replacement and may hit a positive (masked
+      afterwards): an approximation of Reddi et al.'s Algorithm 1, which
+      draws B distinct labels other than the example's positives.
     full: "draw" every label exactly once (full softmax); num_samples must be K_pad.
   """
   num_labels: int

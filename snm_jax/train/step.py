@@ -34,7 +34,7 @@ import snm_jax.losses as losses_lib
 from snm_jax.losses import registry as losses_registry
 from snm_jax.mining import negatives as negatives_lib
 from snm_jax.models.towers import l2_normalize, normalized_row_scores
-from snm_jax.sharding import DATA, MODEL
+from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
 
 P = jax.P
@@ -169,8 +169,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   sharded_loss = jax.shard_map(
       sharded_loss, mesh=mesh,
       in_specs=(P(DATA, None), negatives.rows_spec, P(MODEL, DATA, None), negatives.ids_spec,
-                negatives.ids_spec, P(DATA, None), P(DATA)),
-      out_specs=(P(DATA), P(DATA), P(DATA), P(DATA)))
+                negatives.ids_spec, P(DATA, None), BATCH),
+      out_specs=(BATCH, BATCH, BATCH, BATCH))
 
   def reduce(per_ex, valid):
     if loss.reduction == "s2m":  # Rawat et al. 2021: the mean of the top-k' per-example losses
@@ -178,33 +178,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     w = valid.astype(per_ex.dtype)
     return jnp.sum(per_ex * w) / jnp.maximum(jnp.sum(w), 1.0)
 
-  # ---- 3. shard-local sparse table update -------------------------------------
-  def update_table(table_l, tstate_l, ids_l, row_grads_l, pos_grads_l, owned_l, labels_l, lr):
-    j = jax.lax.axis_index(MODEL)
-    k_loc, h = table_l.shape
-    ids_l, row_grads_l = negatives.rows_to_update(ids_l, row_grads_l)
-    pos_grads = jax.lax.all_gather(pos_grads_l[0], DATA, tiled=True)
-    owned = jax.lax.all_gather(owned_l[0], DATA, tiled=True)
-    labels = jax.lax.all_gather(labels_l, DATA, tiled=True)
-    local = ids_l - j * k_loc
-    neg_ids = jnp.where((ids_l < negatives.num_labels) & (local >= 0) & (local < k_loc), local,
-                        k_loc).reshape(-1)
-    pos_ids = jnp.where(owned, labels - j * k_loc, k_loc)
-    row_ids = jnp.concatenate([neg_ids, pos_ids])
-    grads = jnp.concatenate([row_grads_l.reshape(-1, h), pos_grads])
-    return apply_row_update(table_l, tstate_l, row_ids, grads, lr, row_opt)
-
-  def update_table_sm(table, tstate, ids, row_grads, pos_grads, owned, labels, lr):
-    tstate_specs = jax.tree.map(lambda _: P(MODEL), tstate)
-    return jax.shard_map(
-        update_table, mesh=mesh,
-        in_specs=(P(MODEL, None), tstate_specs, negatives.ids_spec, negatives.rows_spec,
-                  P(MODEL, DATA, None), P(MODEL, DATA), P(DATA), P()),
-        # Every data replica of a table shard applies the same all-gathered
-        # update; all_gather results are typed "varying" over `data`, hence no
-        # replication check here (this map is never differentiated).
-        out_specs=(P(MODEL, None), tstate_specs), check_vma=False)(table, tstate, ids, row_grads, pos_grads,
-                                                   owned, labels, lr)
+  update_table = _table_update(negatives, mesh, row_opt)
 
   def train_step(state: TrainState, batch, rng):
     # ---- 1. sample + gather (no gradient) -------------------------------------
@@ -228,7 +202,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     finite = _all_finite(loss_value, g_rows, g_pos, params, opt_state)
     keep_if_bad = lambda new, old: jnp.where(finite, new, old)  # pylint: disable=unnecessary-lambda-assignment
-    table, table_state = update_table_sm(
+    table, table_state = update_table(
         state.table, state.table_state, draws.ids, jnp.where(finite, g_rows, 0.0),
         jnp.where(finite, g_pos, 0.0), draws.owned, batch["label"],
         jnp.where(finite, table_lr(state.step), 0.0))
@@ -243,6 +217,40 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   if max_traces is not None:
     train_step = _max_traces(train_step, max_traces)
   return jax.jit(train_step, donate_argnums=(0,) if donate else ())
+
+
+def _table_update(negatives, mesh, row_opt: RowOptimizer) -> Callable:
+  """`update(table, table_state, ids, row_grads, pos_grads, owned, labels, lr)`: the
+  row-wise optimiser on the drawn and positive rows, each model shard on its own rows."""
+
+  def update_table(table_l, tstate_l, ids_l, row_grads_l, pos_grads_l, owned_l, labels_l, lr):
+    j = jax.lax.axis_index(MODEL)
+    k_loc, h = table_l.shape
+    ids_l, row_grads_l = negatives.rows_to_update(ids_l, row_grads_l)
+    pos_grads = jax.lax.all_gather(pos_grads_l[0], DATA, tiled=True)
+    owned = jax.lax.all_gather(owned_l[0], DATA, tiled=True)
+    labels = jax.lax.all_gather(labels_l, DATA, tiled=True)
+    local = ids_l - j * k_loc
+    neg_ids = jnp.where((ids_l < negatives.num_labels) & (local >= 0) & (local < k_loc), local,
+                        k_loc).reshape(-1)
+    pos_ids = jnp.where(owned, labels - j * k_loc, k_loc)
+    row_ids = jnp.concatenate([neg_ids, pos_ids])
+    grads = jnp.concatenate([row_grads_l.reshape(-1, h), pos_grads])
+    return apply_row_update(table_l, tstate_l, row_ids, grads, lr, row_opt)
+
+  def update(table, tstate, ids, row_grads, pos_grads, owned, labels, lr):
+    tstate_specs = jax.tree.map(lambda _: P(MODEL), tstate)
+    return jax.shard_map(
+        update_table, mesh=mesh,
+        in_specs=(TABLE, tstate_specs, negatives.ids_spec, negatives.rows_spec,
+                  P(MODEL, DATA, None), P(MODEL, DATA), BATCH, P()),
+        # Every data replica of a table shard applies the same all-gathered
+        # update; all_gather results are typed "varying" over `data`, hence no
+        # replication check here (this map is never differentiated).
+        out_specs=(TABLE, tstate_specs), check_vma=False)(table, tstate, ids, row_grads, pos_grads,
+                                                   owned, labels, lr)
+
+  return update
 
 
 def _max_traces(fn: Callable, n: int) -> Callable:
