@@ -48,7 +48,7 @@ def test_derive_fills_only_auto_fields_from_the_statistics():
   d = recipes.derive(c, stats())
   assert "train.batch_size" not in d and "model.kind" not in d
   assert d["table.learning_rate"] == pytest.approx(0.004 * 128)
-  assert d["loss.scale"] == 10.0
+  assert d["loss.logit_scale"] == 10.0
 
 
 def test_derive_scales_to_large_outputs_and_small_data():

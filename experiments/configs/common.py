@@ -68,7 +68,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.kind = "bowl"            # bowl | powl (SNM) | sampled_softmax | full_softmax | logistic_ns.
   c.loss.phi = "hinge"            # hinge | squared_hinge | logistic | exponential | ramp.
   c.loss.ramp_rho = 1.0           # rho of the ramp surrogate.
-  c.loss.scale = 1.0              # Scores are multiplied by this before the loss (softmax temperature).
+  c.loss.logit_scale = 1.0        # Scores are multiplied by this before the loss (inverse softmax temperature).
   c.loss.reduction = "mean"       # mean | s2m (average of the k' largest per-example losses).
   c.loss.k_prime = 0              # k' of S2M; must be <= train.batch_size.
   c.loss.adv_lambda = 1e-3        # lambda of Bamler & Mandt's Eq. 6 regulariser (loss.kind=adversarial_ns).
@@ -82,9 +82,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mining.unigram_power = 1.0    # p(y) ~ count^power for the unigram sampler.
   c.mining.k = 16                 # Hardest negatives kept (vartheta's support).
   c.mining.vartheta = "top_k"     # top_k | negative_sampling | power_law.
-  # Normalisation: mean (top_k: 1/k, the average of the k hardest; negative_sampling: 1/B,
+  # Normalisation of vartheta: mean (top_k: 1/k, the average of the k hardest; negative_sampling: 1/B,
   # the average over all B) | expectation ((K-1)/(kB): E[loss] is an OWL, Lemma 2).
-  c.mining.scale = "mean"
+  c.mining.vartheta_norm = "mean"
   c.mining.power_alpha = 1.0      # power_law exponent.
   c.mining.floor = 0.0            # Calibration floor eps for j > k (footnote 2 of Reddi et al.).
 

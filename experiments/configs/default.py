@@ -20,7 +20,7 @@ def get_config(arg: str = ""):
   # Hinge margins of 1 on raw cosines in [-1, 1] are always active, which makes BOWL == POWL and top-1
   # mining a linear push on one negative; scaled scores make the margin meaningful (measured on Bibtex,
   # 1000 steps: top-1 P@1 0.377 -> 0.476, top-16 0.433 -> 0.552, negative sampling 0.449 -> 0.451).
-  c.loss.scale = 8.0
+  c.loss.logit_scale = 8.0
   c.table.learning_rate = 0.5
   c.optimizer.learning_rate = 0.05
   c.train.batch_size = 128

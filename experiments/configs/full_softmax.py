@@ -13,6 +13,6 @@ def get_config(arg: str = ""):
     raise ValueError(f"full softmax over {variant} is not feasible: use it on bibtex, delicious or synthetic")
   c = snm.configure_dataset(common.base_config(), variant)
   c.loss.kind = "full_softmax"
-  c.loss.scale = 10.0
+  c.loss.logit_scale = 10.0
   c.mining.sampler = "full"
   return common.finish(c, kv)

@@ -1,5 +1,5 @@
 r"""The negative sampling baseline: the same loss as SNM with constant weights
-over all B sampled negatives (vartheta_j = 1/B, "mean" scale).
+over all B sampled negatives (vartheta_j = 1/B, mining.vartheta_norm="mean").
 
   python -m experiments.train --config=experiments/configs/negative_sampling.py:bibtex --workdir=...
 """

@@ -25,5 +25,5 @@ def get_config(arg: str = ""):
   c.mining.vartheta = "top_k"
   c.loss.reduction = "s2m"
   c.loss.phi = "logistic"
-  c.loss.scale = 10.0  # logistic on raw cosines in [-1, 1] barely trains (measured R@5 < 0.03 on Delicious)
+  c.loss.logit_scale = 10.0  # logistic on raw cosines in [-1, 1] barely trains (measured R@5 < 0.03 on Delicious)
   return common.finish(c, kv)

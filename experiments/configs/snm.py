@@ -30,7 +30,7 @@ def configure_dataset(c, variant: str):
     c.mining.num_samples = 64 if c.dataset.name == "bibtex" else 256
     c.table.learning_rate = 0.5
     c.optimizer.learning_rate = 0.05
-    c.loss.scale = 8.0  # see default.py: hinge margins on raw cosines are degenerate
+    c.loss.logit_scale = 8.0  # see default.py: hinge margins on raw cosines are degenerate
     c.train.batch_size = 128
     c.train.num_steps = 1000 if c.dataset.name == "bibtex" else 2000
     c.train.log_every = 100

@@ -15,7 +15,7 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="B (sampled negatives) at fixed k = 16, synthetic K = 20,000",
       config="experiments/configs/snm.py:synthetic",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
+      base_overrides={"loss.logit_scale": 1.0,  # the scale these results were measured at
                       "dataset.synthetic.num_labels": 20_000,
                       "dataset.synthetic.num_train": 50_000, "mining.k": 16,
                       "train.num_steps": 1500, "train.eval_every": 500,

@@ -20,7 +20,7 @@ from experiments.sweeps.spec import Point, Sweep
 
 def get_sweep(arg: str = "") -> Sweep:
   n_mb = 128
-  common = {"train.batch_size": n_mb, "mining.k": 16, "loss.scale": 10.0}
+  common = {"train.batch_size": n_mb, "mining.k": 16, "loss.logit_scale": 10.0}
   if arg == "synthetic":
     config = "experiments/configs/s2m.py:synthetic"
     base = {**common, "mining.num_samples": 1024, "dataset.synthetic.num_train": 50_000,

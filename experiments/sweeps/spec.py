@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from snm_jax.errors import ConfigError
+from snm_jax.train.overrides import apply_overrides  # noqa: F401  (re-exported: sweeps apply them)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 REPO = Path(__file__).resolve().parents[2]
@@ -124,22 +124,3 @@ def load_config(config_arg: str):
   """'experiments/configs/x.py[:arg]' -> get_config(arg) (locked ConfigDict)."""
   file, _, arg = config_arg.partition(":")
   return _import_file(file, "config").get_config(arg)
-
-
-def apply_overrides(config, overrides: dict[str, Any]):
-  """Sets dotted fields in place; unknown fields and wrong types raise ConfigError."""
-  for key, value in overrides.items():
-    *path, leaf = key.split(".")
-    node = config
-    try:
-      for p in path:
-        node = node[p]
-      if leaf not in node:
-        raise KeyError(leaf)
-      node[leaf] = value
-    except KeyError:
-      from snm_jax.train.builders import unknown_field_error  # pylint: disable=g-import-not-at-top
-      raise unknown_field_error(config, key) from None
-    except TypeError as e:
-      raise ConfigError(key, f"cannot set {value!r}: {e}") from None
-  return config

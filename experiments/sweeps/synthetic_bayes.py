@@ -16,7 +16,7 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="Synthetic data (K = 1024): SNM, negative sampling and full softmax vs the Bayes-optimal top-5",
       config="experiments/configs/snm.py:synthetic",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
+      base_overrides={"loss.logit_scale": 1.0,  # the scale these results were measured at
                       "dataset.synthetic.num_labels": 1024,
                       "dataset.synthetic.num_train": 50_000, "mining.num_samples": 256,
                       "train.num_steps": 4000, "train.eval_every": 1000,
@@ -28,7 +28,7 @@ def get_sweep(arg: str = "") -> Sweep:
           Point("k16_8k", {"mining.k": 16, "train.num_steps": 8000, "train.eval_every": 2000},
                 "SNM top-16, 8,000 steps"),
           Point("softmax", {"loss.kind": "full_softmax", "mining.sampler": "full",
-                            "loss.scale": 10.0}, "full softmax"),
+                            "loss.logit_scale": 10.0}, "full softmax"),
       ),
       seeds=(0,),
       baseline="ns",

@@ -20,12 +20,12 @@ def get_sweep(arg: str = "") -> Sweep:
   if arg not in ("", "b16", "logistic"):
     raise ValueError(f"unknown variant {arg!r} of table2_bibtex; choose '', 'b16' or 'logistic'")
   b, ks = (16, (1, 4)) if arg == "b16" else (128, (1, 16, 64))
-  phi = {"loss.phi": "logistic", "loss.scale": 10.0} if arg == "logistic" else {}
+  phi = {"loss.phi": "logistic", "loss.logit_scale": 10.0} if arg == "logistic" else {}
   return Sweep(
       title=(f"Table 2 (Reddi et al. 2019) on Bibtex: SNM top-k vs negative sampling, B = {b}"
              + (", logistic phi x 10" if phi else "")),
       config="experiments/configs/snm.py:bibtex",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
+      base_overrides={"loss.logit_scale": 1.0,  # the scale these results were measured at
                       "mining.num_samples": b, "train.num_steps": 600,
                       "train.eval_every": 200, "train.checkpoint_every": 300, **phi},
       points=tuple(Point(f"k{k}", {"mining.k": k}, f"SNM top-{k}") for k in ks) + (

@@ -15,7 +15,7 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="Table 2 (Reddi et al. 2019) on Delicious: SNM top-k vs negative sampling",
       config="experiments/configs/snm.py:delicious",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
+      base_overrides={"loss.logit_scale": 1.0,  # the scale these results were measured at
                       "mining.num_samples": 512, "train.num_steps": 300,
                       "train.eval_every": 150, "train.checkpoint_every": 150},
       points=(
