@@ -12,7 +12,7 @@ from snm_jax.train.recipes import DataStats
 
 def tiny_synthetic_recipe(num_train=800, num_test=100, **fields):
   """The xmc recipe (runlocal) on a 64-label synthetic problem, with `fields` ({"recipe.search": ...})."""
-  c = xmc.get_config("synthetic,runlocal=1")
+  c = xmc.get_config("synthetic,runlocal")
   c.unlock()
   c.dataset.synthetic.num_labels = 64
   c.dataset.synthetic.num_train = num_train
@@ -95,7 +95,7 @@ def test_recipe_chooses_the_best_validation_candidate_and_resumes(tmp_path):
 
 
 def test_recipe_needs_a_validation_split(tmp_path):
-  c = xmc.get_config("synthetic,runlocal=1")
+  c = xmc.get_config("synthetic,runlocal")
   c.unlock()
   c.dataset.validation_fraction = 0.0
   with pytest.raises(ConfigError, match="dataset.validation_fraction"):
