@@ -9,7 +9,7 @@ exponential}, on cosine scores in [-1, 1] (loss.logit_scale = 1), plus the logis
 phi on 10 x the cosines.
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import RAW_COSINES, Point, Sweep, schedule
 
 PHIS = ("hinge", "logistic", "squared_hinge", "exponential")
 
@@ -26,9 +26,8 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="POWL vs BOWL x phi on Bibtex (SNM top-16, B = 64)",
       config="experiments/configs/snm.py:bibtex",
-      base_overrides={"loss.logit_scale": 1.0,  # the scale these results were measured at
-                      "mining.num_samples": 64, "mining.k": 16, "train.num_steps": 400,
-                      "train.eval_every": 200, "train.checkpoint_every": 200},
+      base_overrides={**RAW_COSINES, "mining.num_samples": 64, "mining.k": 16,
+                      **schedule(400, 200, 200)},
       points=points,
       seeds=(0,),
       baseline="bowl_hinge",
