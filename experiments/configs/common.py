@@ -226,18 +226,25 @@ def configure_dataset(c, variant: str):
   return c
 
 
+def shorten_run(c, num_steps: int, log_every: int, batch_size: int = 32):
+  """The run-length part of a runlocal variant: `num_steps` steps of `batch_size` (k' clipped to
+  it), logging every `log_every`, evaluating and checkpointing halfway and at the end."""
+  c.train.num_steps = num_steps
+  c.train.batch_size = batch_size
+  c.loss.k_prime = min(c.loss.k_prime, batch_size)
+  c.train.log_every = log_every
+  c.train.eval_every = num_steps // 2
+  c.train.checkpoint_every = num_steps // 2
+  return c
+
+
 def apply_runlocal(c):
   """Shrinks everything for a seconds-long local run (tests, debugging)."""
   c.model.hidden = 32
   c.model.out = 32
   c.mining.num_samples = min(c.mining.num_samples, 64)
   c.mining.k = min(c.mining.k, c.mining.num_samples)
-  c.train.num_steps = 20
-  c.train.batch_size = 32
-  c.loss.k_prime = min(c.loss.k_prime, c.train.batch_size)
-  c.train.log_every = 5
-  c.train.eval_every = 10
-  c.train.checkpoint_every = 10
+  shorten_run(c, num_steps=20, log_every=5)
   c.eval.max_examples = 256
   return c
 

@@ -21,13 +21,7 @@ from experiments.configs import common
 
 def small(c):
   """The seconds-long variant (runlocal): fewer, smaller steps; the model is already tiny."""
-  c.train.num_steps = 40
-  c.train.batch_size = 32
-  c.loss.k_prime = min(c.loss.k_prime, c.train.batch_size)
-  c.train.log_every = 10
-  c.train.eval_every = 20
-  c.train.checkpoint_every = 20
-  return c
+  return common.shorten_run(c, num_steps=40, log_every=10)
 
 
 def get_config(arg: str = ""):
