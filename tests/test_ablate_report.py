@@ -26,7 +26,7 @@ from experiments.sweeps.spec import Point, Sweep
 
 def get_sweep(arg=""):
   return Sweep(
-      title="tiny", config="experiments/configs/snm.py:synthetic,runlocal=1",
+      title="tiny", config="experiments/configs/snm.py:synthetic,runlocal",
       base_overrides={"dataset.synthetic.num_labels": 128, "dataset.synthetic.num_train": 1000,
                       "dataset.synthetic.num_test": 200, "dataset.synthetic.dim": 8,
                       "mining.num_samples": 32, "train.num_steps": 12, "eval.recall_r": 20,
@@ -99,7 +99,7 @@ def test_cli_print_commands_lists_unfinished_runs_only(sweep_file, tmp_path):
 
 
 def test_bad_override_names_the_field():
-  c = spec.load_config("experiments/configs/snm.py:bibtex,runlocal=1")
+  c = spec.load_config("experiments/configs/snm.py:bibtex,runlocal")
   with pytest.raises(ConfigError, match="mining.kk"):
     spec.apply_overrides(c, {"mining.kk": 3})
   with pytest.raises(ConfigError, match="mining.k"):

@@ -59,7 +59,7 @@ def test_tree_sampled_step_sharded_equals_single_device(kind):
 
 
 def test_adversarial_run_learns_and_reports_log_likelihood(tmp_path):
-  c = adversarial.get_config("bibtex,method=adversarial,runlocal=1")
+  c = adversarial.get_config("bibtex,method=adversarial,runlocal")
   c.dataset.name = "synthetic"
   c.dataset.synthetic.num_labels = 64
   c.dataset.synthetic.num_train = 2000

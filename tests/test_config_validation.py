@@ -27,8 +27,8 @@ BAD = [
     ({"optimizer.learning_rate": math.nan}, "optimizer.learning_rate", "finite"),
     ({"table.learning_rate": -1.0}, "table.learning_rate", "> 0"),
     ({"table.learning_rate": 0.0}, "table.learning_rate", "> 0"),
-    ({"loss.scale": 0.0}, "loss.scale", "> 0"),
-    ({"loss.scale": -8.0}, "loss.scale", "> 0"),
+    ({"loss.logit_scale": 0.0}, "loss.logit_scale", "> 0"),
+    ({"loss.logit_scale": -8.0}, "loss.logit_scale", "> 0"),
     ({"optimizer.warmup_steps": -1}, "optimizer.warmup_steps", ">= 0"),
     ({"table.warmup_steps": -5}, "table.warmup_steps", ">= 0"),
     ({"train.log_every": 0}, "train.log_every", ">= 1"),
@@ -52,7 +52,7 @@ BAD = [
     ({"dataset.validation_fraction": 1.0}, "dataset.validation_fraction", "[0, 1)"),
     ({"mining.num_samples": 0}, "mining.num_samples", ">= 1"),
     ({"mining.k": 0}, "mining.k", "[1, mining.num_samples=64]"),
-    ({"mining.scale": "median"}, "mining.scale", "['mean', 'expectation']"),
+    ({"mining.vartheta_norm": "median"}, "mining.vartheta_norm", "['mean', 'expectation']"),
     ({"loss.phi": "hinj"}, "loss.phi", "hinge"),
     ({"loss.reduction": "s2m", "loss.k_prime": 0}, "loss.k_prime", "[1, train.batch_size=32]"),
     ({"train.checkpoint_every": -2}, "train.checkpoint_every", "-1 = never"),
@@ -133,6 +133,43 @@ def test_unknown_field_names_the_closest_ones():
       default.get_config(), "train.keep_checkpoint"))
 
 
+# Renamed fields: the old name is refused wherever a field is named, and the message gives the new one.
+RENAMED = [("mining.scale", "expectation", "mining.vartheta_norm"), ("loss.scale", 8.0, "loss.logit_scale")]
+
+
+@pytest.mark.parametrize("old,value,new", RENAMED)
+def test_renamed_field_is_refused_with_its_new_name(old, value, new):
+  from snm_jax.train import overrides  # pylint: disable=g-import-not-at-top
+  assert overrides.RENAMED_FIELDS[old] == new
+  expected = f"config.{old}: renamed to {new}"
+  with pytest.raises(ConfigError) as info:  # a sweep's / a test's override dict
+    config({old: value})
+  assert str(info.value).startswith(expected) and info.value.field == old
+  assert str(builders.unknown_field_error(default.get_config(), old)).startswith(expected)
+  own = default.get_config()  # a config file of one's own that still sets the old name
+  own.unlock()
+  section, leaf = old.split(".")
+  own[section][leaf] = value
+  with pytest.raises(ConfigError, match=f"^{expected}"):
+    builders.validate(own)
+  with pytest.raises(ConfigError, match=f"^config.recipe.search: {old} was renamed to {new}"):
+    builders.validate(config({**RECIPE, "recipe.search": f"{old}=1,2"}))
+
+
+def test_saved_config_with_old_names_is_compared_under_the_new_ones():
+  import json  # pylint: disable=g-import-not-at-top
+  from snm_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  new = json.loads(default.get_config().to_json_best_effort())
+  saved = json.loads(json.dumps(new))
+  saved["loss"]["scale"] = saved["loss"].pop("logit_scale")
+  saved["mining"]["scale"] = saved["mining"].pop("vartheta_norm")
+  checkpointing.check_resume_config(saved, new, "wd")  # same values: resumes
+  saved["loss"]["scale"] = 1.0
+  assert checkpointing.config_differences(saved, new) == [("loss.logit_scale", 1.0, 8.0)]
+  with pytest.raises(ConfigError, match=r"^config\.loss\.logit_scale: saved 1.0, now 8.0"):
+    checkpointing.check_resume_config(saved, new, "wd")
+
+
 def _cli(*args, module="experiments.train"):
   t0 = time.perf_counter()
   proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
@@ -146,6 +183,8 @@ def _cli(*args, module="experiments.train"):
     ("--config.eval.k_max=0", "eval.k_max", ">= 1"),
     ("--config.dataset.conversion=first", "dataset.conversion", "'first_label'"),
     ("--config.train.batch_size=-1", "train.batch_size", "only a recipe resolves"),
+    ("--config.mining.scale=expectation", "mining.scale", "renamed to mining.vartheta_norm"),
+    ("--config.loss.scale=2", "loss.scale", "renamed to loss.logit_scale"),
 ])
 def test_cli_prints_one_line_and_exits_2(tmp_path, override, field, words):
   proc, seconds = _cli("--config=experiments/configs/default.py:runlocal", override,

@@ -44,6 +44,43 @@ def test_unknown_variant_and_arguments_fail():
     load("full_softmax", "amazon3m")
 
 
+def test_parse_arg_is_typed():
+  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  a = common.parse_arg("delicious,k=64,lr=0.25,runlocal", variant="bibtex", k=16, lr=0.5, runlocal=False)
+  assert (a.variant, a.k, a.lr, a.runlocal) == ("delicious", 64, 0.25, True)
+  assert type(a.k) is int and type(a.lr) is float  # pylint: disable=unidiomatic-typecheck
+  assert common.parse_arg("", variant="bibtex", runlocal=False).to_dict() == {"variant": "bibtex",
+                                                                               "runlocal": False}
+  # A bare bool key is that key = True (not the first argument's value); a bare word first is.
+  assert common.parse_arg("runlocal", variant="bibtex", runlocal=False).to_dict() == {
+      "variant": "bibtex", "runlocal": True}
+  for text, value in [("1", True), ("true", True), ("True", True), ("0", False), ("false", False),
+                      ("False", False)]:
+    assert common.parse_arg(f"runlocal={text}", runlocal=False).runlocal is value
+  with pytest.raises(ValueError, match=r"unknown config arguments \['kk'\].*allowed: variant, k, runlocal"):
+    common.parse_arg("bibtex,kk=3", variant="bibtex", k=16, runlocal=False)
+  with pytest.raises(ValueError, match="k='x': expected int"):
+    common.parse_arg("k=x", k=16)
+  with pytest.raises(ValueError, match="runlocal='maybe': expected a bool"):
+    common.parse_arg("runlocal=maybe", runlocal=False)
+  with pytest.raises(ValueError, match="'synthetic': expected key=value"):
+    common.parse_arg("bibtex,synthetic", variant="bibtex", runlocal=False)  # one positional only
+
+
+@pytest.mark.parametrize("module,arg", [("default", ""), ("snm", "bibtex"), ("s2m", "delicious"),
+                                        ("negative_sampling", "bibtex"), ("full_softmax", "synthetic"),
+                                        ("digits_s2m", ""), ("xmc", "synthetic"),
+                                        ("adversarial", "bibtex,method=uniform")])
+def test_every_config_has_the_one_runlocal_spelling(module, arg):
+  small = load(module, f"{arg},runlocal" if arg else "runlocal")
+  assert small.to_dict() != load(module, arg).to_dict()
+  assert small.to_dict() == load(module, f"{arg},runlocal=1" if arg else "runlocal=1").to_dict()
+  assert small.to_dict() == load(module, f"{arg},runlocal=true" if arg else "runlocal=true").to_dict()
+  builders.validate(small)
+  with pytest.raises(ValueError, match="unknown config arguments"):
+    load(module, f"{arg},runlocall=1" if arg else "runlocall=1")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("module,variant", [("snm", v) for v in PAPER] + [("s2m", "amazoncat13k")])
 def test_paper_scale_config_two_step_smoke(tmp_path, module, variant):

@@ -12,7 +12,7 @@ from snm_jax.train.recipes import DataStats
 
 def tiny_synthetic_recipe(num_train=800, num_test=100, **fields):
   """The xmc recipe (runlocal) on a 64-label synthetic problem, with `fields` ({"recipe.search": ...})."""
-  c = xmc.get_config("synthetic,runlocal=1")
+  c = xmc.get_config("synthetic,runlocal")
   c.unlock()
   c.dataset.synthetic.num_labels = 64
   c.dataset.synthetic.num_train = num_train
@@ -48,7 +48,7 @@ def test_derive_fills_only_auto_fields_from_the_statistics():
   d = recipes.derive(c, stats())
   assert "train.batch_size" not in d and "model.kind" not in d
   assert d["table.learning_rate"] == pytest.approx(0.004 * 128)
-  assert d["loss.scale"] == 10.0
+  assert d["loss.logit_scale"] == 10.0
 
 
 def test_derive_scales_to_large_outputs_and_small_data():
@@ -95,7 +95,7 @@ def test_recipe_chooses_the_best_validation_candidate_and_resumes(tmp_path):
 
 
 def test_recipe_needs_a_validation_split(tmp_path):
-  c = xmc.get_config("synthetic,runlocal=1")
+  c = xmc.get_config("synthetic,runlocal")
   c.unlock()
   c.dataset.validation_fraction = 0.0
   with pytest.raises(ConfigError, match="dataset.validation_fraction"):

@@ -151,7 +151,7 @@ def test_a_locked_workdir_is_refused_naming_the_holder_and_released_after_errors
     with pytest.raises(WorkdirInUseError, match=rf"pid {os.getpid()} on host {socket.gethostname()}"):
       train_and_evaluate(synthetic_config(**{"train.num_steps": 2}), wd)
   # A run that fails releases the lock: the next one (here a second failure) can take it.
-  bad = synthetic_config(**{"loss.phi": "exponential", "loss.scale": 1e5, "train.num_steps": 2})
+  bad = synthetic_config(**{"loss.phi": "exponential", "loss.logit_scale": 1e5, "train.num_steps": 2})
   for _ in range(2):
     with pytest.raises(NonFiniteLossError):
       train_and_evaluate(bad, wd)

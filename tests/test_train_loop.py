@@ -56,7 +56,7 @@ def test_training_beats_untrained_model_by_a_wide_margin(tmp_path):
     ("mining.k", 100, "mining.k"),
     ("loss.phi", "hinjе", "loss.phi"),
     ("loss.kind", "softmaxx", "loss.kind"),
-    ("mining.scale", "median", "mining"),
+    ("mining.vartheta_norm", "median", "mining"),
     ("loss.reduction", "s2m", "loss.k_prime"),
     ("dataset.name", "no-such-dataset", "dataset.name"),
     ("mining.num_strata", 3, "mining.num_samples"),
@@ -70,7 +70,7 @@ def test_bad_config_fails_before_compiling_with_the_field_named(tmp_path, field,
 
 
 def test_nonfinite_loss_stops_naming_the_step(tmp_path):
-  c = synthetic_config(**{"loss.phi": "exponential", "loss.scale": 1e5, "train.num_steps": 5,
+  c = synthetic_config(**{"loss.phi": "exponential", "loss.logit_scale": 1e5, "train.num_steps": 5,
                           "train.log_every": 5})
   # Steps are numbered as the progress line counts them (the first step is step 1), and the
   # message does not claim a checkpoint that does not exist.
@@ -79,7 +79,7 @@ def test_nonfinite_loss_stops_naming_the_step(tmp_path):
 
 
 def test_nonfinite_skip_mode_counts_and_finishes(tmp_path):
-  c = synthetic_config(**{"loss.phi": "exponential", "loss.scale": 1e5, "train.num_steps": 3,
+  c = synthetic_config(**{"loss.phi": "exponential", "loss.logit_scale": 1e5, "train.num_steps": 3,
                           "train.on_nonfinite": "skip"})
   out = train_and_evaluate(c, tmp_path)
   assert out["nonfinite_steps"] == 3

@@ -3,7 +3,7 @@ r"""Adversarial negative sampling (Bamler & Mandt, ICLR 2020) and its baselines.
   python -m experiments.train --config=experiments/configs/adversarial.py:bibtex,method=adversarial --workdir=...
   python -m experiments.train --config=experiments/configs/adversarial.py:synthetic,method=uniform --workdir=...
 
-Argument "<dataset>,method=<m>[,runlocal=1]": dataset in {bibtex, delicious, synthetic}; method:
+Argument "<dataset>,method=<m>[,runlocal]": dataset in {bibtex, delicious, synthetic}; method:
   adversarial  tree sampler, Eq. 6 loss, prediction with xi + log p_n (Eq. 5)
   uniform      uniform negative sampling, logistic loss (Eq. 2)
   unigram      frequency-proportional negative sampling, logistic loss
@@ -19,13 +19,11 @@ from experiments.configs import common
 METHODS = ("adversarial", "uniform", "unigram", "nce_tree", "softmax", "adversarial_snm")
 
 
-def get_config(arg: str = "bibtex,method=adversarial"):
-  dataset, kv = common.parse_arg(arg)
-  method = kv.pop("method", "adversarial")
-  if method not in METHODS:
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+def get_config(arg: str = ""):
+  args = common.parse_arg(arg, dataset="bibtex", method="adversarial", runlocal=False)
+  method = common.one_of("method", args.method, METHODS)
   c = common.base_config()
-  c.dataset.name = dataset or "bibtex"
+  c.dataset.name = args.dataset
   c.dataset.conversion = "first_label"
   c.dataset.synthetic.num_labels = 16384
   c.dataset.synthetic.num_train = 60000
@@ -60,11 +58,10 @@ def get_config(arg: str = "bibtex,method=adversarial"):
   elif method == "adversarial_snm":
     c.mining.sampler, c.loss.kind, c.mining.num_samples, c.mining.k = "tree", "bowl", 64, 4
     c.loss.phi = "logistic"
-  if kv.pop("runlocal", "0") == "1":
-    common.apply_runlocal(c)
-    c.mining.num_samples = 1 if method != "adversarial_snm" else 8
-    c.mining.k = 1
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
-  c.lock()
-  return c
+
+  def small(cfg):  # runlocal: the common small variant, with one negative (8 for adversarial_snm)
+    common.apply_runlocal(cfg)
+    cfg.mining.num_samples = 1 if method != "adversarial_snm" else 8
+    cfg.mining.k = 1
+
+  return common.finish(c, args, small)

@@ -1,7 +1,12 @@
-"""The full set of config fields, with their defaults and meaning.
+"""The full set of config fields, with their defaults and meaning, and what every config shares.
 
 Every experiment config starts from `base_config()` and overrides fields; any
 field can also be overridden on the command line (`--config.mining.k=16`).
+A config's argument (`--config=file.py:arg`) is parsed by `parse_arg` into
+typed values declared with their defaults; every config has `runlocal`, the
+seconds-long variant for tests: `file.py:runlocal`, `file.py:bibtex,runlocal`.
+Fields renamed since: snm_jax/train/overrides.py RENAMED_FIELDS (the old names
+are refused with the new one).
 """
 
 import ml_collections
@@ -68,7 +73,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.kind = "bowl"            # bowl | powl (SNM) | sampled_softmax | full_softmax | logistic_ns.
   c.loss.phi = "hinge"            # hinge | squared_hinge | logistic | exponential | ramp.
   c.loss.ramp_rho = 1.0           # rho of the ramp surrogate.
-  c.loss.scale = 1.0              # Scores are multiplied by this before the loss (softmax temperature).
+  c.loss.logit_scale = 1.0        # Scores are multiplied by this before the loss (inverse softmax temperature).
   c.loss.reduction = "mean"       # mean | s2m (average of the k' largest per-example losses).
   c.loss.k_prime = 0              # k' of S2M; must be <= train.batch_size.
   c.loss.adv_lambda = 1e-3        # lambda of Bamler & Mandt's Eq. 6 regulariser (loss.kind=adversarial_ns).
@@ -82,9 +87,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mining.unigram_power = 1.0    # p(y) ~ count^power for the unigram sampler.
   c.mining.k = 16                 # Hardest negatives kept (vartheta's support).
   c.mining.vartheta = "top_k"     # top_k | negative_sampling | power_law.
-  # Normalisation: mean (top_k: 1/k, the average of the k hardest; negative_sampling: 1/B,
+  # Normalisation of vartheta: mean (top_k: 1/k, the average of the k hardest; negative_sampling: 1/B,
   # the average over all B) | expectation ((K-1)/(kB): E[loss] is an OWL, Lemma 2).
-  c.mining.scale = "mean"
+  c.mining.vartheta_norm = "mean"
   c.mining.power_alpha = 1.0      # power_law exponent.
   c.mining.floor = 0.0            # Calibration floor eps for j > k (footnote 2 of Reddi et al.).
 
@@ -185,39 +190,127 @@ def apply_paper_scale(c, dataset: str):
   return c
 
 
+# Short names of PAPER_DATASETS as config arguments (`snm.py:amazon670k`).
+PAPER_VARIANTS = {
+    "amazoncat13k": "amazoncat-13k",
+    "wikilshtc325k": "wiki-lshtc-325k",
+    "amazon670k": "amazon-670k",
+    "amazon3m": "amazon-3m",
+}
+SMALL_DATASETS = ("bibtex", "delicious", "synthetic")
+
+
+def configure_dataset(c, variant: str):
+  """Dataset-dependent settings shared by the SNM / NS / S2M / softmax configs (and default.py):
+  the papers' settings for a PAPER_VARIANTS name, else a few-minute run on a SMALL_DATASETS one."""
+  if variant in PAPER_VARIANTS:
+    return apply_paper_scale(c, PAPER_VARIANTS[variant])
+  if variant not in SMALL_DATASETS:
+    raise ValueError(f"unknown dataset variant {variant!r}; choose from {', '.join(SMALL_DATASETS)}, "
+                     f"{', '.join(PAPER_VARIANTS)}")
+  c.dataset.name = variant
+  c.model.hidden = 256
+  c.model.out = 256
+  c.mining.num_samples = 64 if variant == "bibtex" else 256
+  c.table.learning_rate = 0.5
+  c.optimizer.learning_rate = 0.05
+  # Hinge margins of 1 on raw cosines in [-1, 1] are always active, which makes BOWL == POWL and top-1
+  # mining a linear push on one negative; scaled scores make the margin meaningful (measured on Bibtex,
+  # 1000 steps: top-1 P@1 0.377 -> 0.476, top-16 0.433 -> 0.552, negative sampling 0.449 -> 0.451).
+  c.loss.logit_scale = 8.0
+  c.train.batch_size = 128
+  c.train.num_steps = 1000 if variant == "bibtex" else 2000
+  c.train.log_every = 100
+  c.train.eval_every = 250
+  c.train.checkpoint_every = 500
+  return c
+
+
+def shorten_run(c, num_steps: int, log_every: int, batch_size: int = 32):
+  """The run-length part of a runlocal variant: `num_steps` steps of `batch_size` (k' clipped to
+  it), logging every `log_every`, evaluating and checkpointing halfway and at the end."""
+  c.train.num_steps = num_steps
+  c.train.batch_size = batch_size
+  c.loss.k_prime = min(c.loss.k_prime, batch_size)
+  c.train.log_every = log_every
+  c.train.eval_every = num_steps // 2
+  c.train.checkpoint_every = num_steps // 2
+  return c
+
+
 def apply_runlocal(c):
   """Shrinks everything for a seconds-long local run (tests, debugging)."""
   c.model.hidden = 32
   c.model.out = 32
   c.mining.num_samples = min(c.mining.num_samples, 64)
   c.mining.k = min(c.mining.k, c.mining.num_samples)
-  c.train.num_steps = 20
-  c.train.batch_size = 32
-  c.loss.k_prime = min(c.loss.k_prime, c.train.batch_size)
-  c.train.log_every = 5
-  c.train.eval_every = 10
-  c.train.checkpoint_every = 10
+  shorten_run(c, num_steps=20, log_every=5)
   c.eval.max_examples = 256
   return c
 
 
-def finish(c, kv: dict):
-  """Common tail of a config-string variant: `runlocal=1`, no unknown keys left, lock."""
-  if kv.pop("runlocal", "0") == "1":
-    apply_runlocal(c)
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
+_TRUE, _FALSE = ("1", "true", "True", "yes"), ("0", "false", "False", "no")
+
+
+def _convert(key: str, text: str, default):
+  """`text` as the type of `default` (bool from 1/0/true/false/True/False/yes/no)."""
+  if isinstance(default, bool):
+    if text in _TRUE or text in _FALSE:
+      return text in _TRUE
+    raise ValueError(f"config argument {key}={text!r}: expected a bool ({'/'.join(_TRUE + _FALSE)})")
+  try:
+    return type(default)(text)
+  except ValueError:
+    raise ValueError(f"config argument {key}={text!r}: expected {type(default).__name__}") from None
+
+
+def parse_arg(arg: str, **defaults) -> ml_collections.ConfigDict:
+  """The `get_config(arg)` string as typed values (as big_vision's `bv_utils.parse_arg`).
+
+  `defaults` declares every argument and its default; a given value is converted to the
+  default's type (bool, int, float, str). `arg` is "key=value,..." where
+    * a bare bool key means True: "runlocal" == "runlocal=1" == "runlocal=true";
+    * a bare word first is the value of the first argument (the dataset / variant name):
+      parse_arg("delicious,k=64,runlocal", variant="bibtex", k=16, runlocal=False)
+      -> variant="delicious", k=64, runlocal=True.
+  Unknown keys raise ValueError naming them and the allowed ones. Returns a locked ConfigDict
+  (`args.k`), so a typo in the config file's own use of it fails too.
+  """
+  args = ml_collections.ConfigDict(defaults)
+  names = list(defaults)
+  unknown = []
+  for i, item in enumerate(p.strip() for p in (arg or "").split(",")):
+    if not item:
+      continue
+    key, eq, text = item.partition("=")
+    if not eq:
+      if isinstance(defaults.get(key), bool):
+        text = "1"
+      elif i == 0 and names and not isinstance(defaults[names[0]], bool):
+        key, text = names[0], item
+      else:
+        raise ValueError(f"config argument {item!r}: expected key=value (or a bool key alone); "
+                         f"allowed keys: {', '.join(names)}")
+    if key not in defaults:
+      unknown.append(key)
+      continue
+    args[key] = _convert(key, text, defaults[key])
+  if unknown:
+    raise ValueError(f"unknown config arguments {sorted(unknown)} in {arg!r}; allowed: {', '.join(names)}")
+  args.lock()
+  return args
+
+
+def one_of(name: str, value: str, allowed) -> str:
+  """`value` of the config argument `name` if it is in `allowed`, else ValueError."""
+  if value not in allowed:
+    raise ValueError(f"config argument {name}={value!r} is not one of {tuple(allowed)}")
+  return value
+
+
+def finish(c, args, small=apply_runlocal):
+  """Common tail of every config: with `runlocal` the small variant (`small(c)`), then lock."""
+  if args.runlocal:
+    small(c)
   c.lock()
   return c
-
-
-def parse_arg(arg: str) -> tuple[str, dict]:
-  """'name,key=value,...' -> (name, {key: value}) for config-string variants."""
-  name, *pairs = [p for p in arg.split(",")] if arg else [""]
-  kv = {}
-  for p in pairs:
-    if "=" not in p:
-      raise ValueError(f"config argument {arg!r}: expected key=value, got {p!r}")
-    k, v = p.split("=", 1)
-    kv[k] = v
-  return name, kv

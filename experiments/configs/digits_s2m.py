@@ -5,7 +5,7 @@ on the digits with 5 of the 10 classes downsampled 100:1 in training.
   python -m experiments.train --config=experiments/configs/digits_s2m.py:kprime=16 --workdir=...
   python -m experiments.ablate --sweep=experiments/sweeps/digits_s2m.py --workdir=/tmp/digits_sweep
 
-Argument: "[kprime=K'][,runlocal=1]"; k' = train.batch_size (64) is plain SGD.
+Argument: "[kprime=K'][,runlocal]"; k' = train.batch_size (64, also kprime=0, the default) is plain SGD.
 
 Model and loss: a linear classifier (the class table holds [w_y, b_y] over the
 64 raw pixel features in [0, 1]) trained with the full softmax
@@ -19,8 +19,13 @@ Classes are not L2-normalised (the linear table starts at zero).
 from experiments.configs import common
 
 
+def small(c):
+  """The seconds-long variant (runlocal): fewer, smaller steps; the model is already tiny."""
+  return common.shorten_run(c, num_steps=40, log_every=10)
+
+
 def get_config(arg: str = ""):
-  _, kv = common.parse_arg("," + arg if arg else "")
+  args = common.parse_arg(arg, kprime=0, runlocal=False)
   c = common.base_config()
   c.dataset.name = "digits_head_tail"
   c.dataset.synthetic.seed = 0     # Which classes are Tail and which examples they keep.
@@ -28,27 +33,17 @@ def get_config(arg: str = ""):
   c.model.kind = "linear"
   c.model.normalize_classes = False
   c.loss.kind = "full_softmax"
-  c.loss.scale = 1.0
+  c.loss.logit_scale = 1.0
   c.loss.reduction = "s2m"
   c.mining.sampler = "full"
   c.table.optimizer = "sgd"
   c.table.learning_rate = 0.5
   c.train.batch_size = 64          # N_mb of the paper's Table 3.
-  c.loss.k_prime = int(kv.pop("kprime", c.train.batch_size))
+  c.loss.k_prime = args.kprime or c.train.batch_size
   c.train.num_steps = 1500         # ~200 epochs of the ~455 training digits.
   c.train.log_every = 100
   c.train.eval_every = 250
   c.train.checkpoint_every = 500
   c.eval.k_max = 5
   c.eval.recall_r = 10
-  if kv.pop("runlocal", "0") == "1":
-    c.train.num_steps = 40
-    c.train.batch_size = 32
-    c.loss.k_prime = min(c.loss.k_prime, c.train.batch_size)
-    c.train.log_every = 10
-    c.train.eval_every = 20
-    c.train.checkpoint_every = 20
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
-  c.lock()
-  return c
+  return common.finish(c, args, small)

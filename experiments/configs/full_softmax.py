@@ -2,17 +2,20 @@ r"""Full softmax cross-entropy over all K labels: a baseline for small K only
 (every step scores the whole table).
 
   python -m experiments.train --config=experiments/configs/full_softmax.py:bibtex --workdir=...
+
+Argument: "<variant>[,runlocal]" with variant bibtex (default), delicious or synthetic.
 """
 
-from experiments.configs import common, snm
+from experiments.configs import common
 
 
 def get_config(arg: str = ""):
-  variant, kv = common.parse_arg(arg)
-  if variant in snm.VARIANTS:
-    raise ValueError(f"full softmax over {variant} is not feasible: use it on bibtex, delicious or synthetic")
-  c = snm.configure_dataset(common.base_config(), variant)
+  args = common.parse_arg(arg, variant="bibtex", runlocal=False)
+  if args.variant in common.PAPER_VARIANTS:
+    raise ValueError(f"full softmax over {args.variant} is not feasible: use it on "
+                     f"{', '.join(common.SMALL_DATASETS)}")
+  c = common.configure_dataset(common.base_config(), args.variant)
   c.loss.kind = "full_softmax"
-  c.loss.scale = 10.0
+  c.loss.logit_scale = 10.0
   c.mining.sampler = "full"
-  return common.finish(c, kv)
+  return common.finish(c, args)

@@ -6,7 +6,7 @@ r"""The extreme-classification recipe: settings derived from the data, chosen on
       --config.dataset.data_dir=/data/xc --workdir=/tmp/xmc_eurlex     # any XC-format folder
   python -m experiments.train --config=experiments/configs/xmc.py:delicious,model=snm_tower --workdir=...
 
-Argument "<dataset>[,model=auto|linear|wide_deep|snm_tower][,runlocal=1]": any dataset name the
+Argument "<dataset>[,model=auto|linear|wide_deep|snm_tower][,runlocal]": any dataset name the
 loader finds (`<data_dir>/<name>/<name>_train.txt` and `_test.txt`, XC format), or "synthetic".
 
 What it does (snm_jax/train/recipes.py): 10% of the training file is held out as a validation
@@ -33,17 +33,23 @@ from experiments.configs import common
 MODELS = ("auto", "linear", "wide_deep", "snm_tower")
 
 
-def get_config(arg: str = "bibtex"):
-  dataset, kv = common.parse_arg(arg)
+def small(c):
+  """The seconds-long variant (runlocal): short candidates, the model choice only."""
+  c.recipe.min_steps = 20
+  c.recipe.max_steps = 40
+  c.recipe.search = "model.kind=linear,wide_deep"
+  c.eval.max_examples = 256
+  return c
+
+
+def get_config(arg: str = ""):
+  args = common.parse_arg(arg, dataset="bibtex", model="auto", runlocal=False)
   c = common.base_config()
-  c.dataset.name = dataset or "bibtex"
+  c.dataset.name = args.dataset
   c.dataset.validation_fraction = 0.1
   c.recipe.name = "xmc"
   c.recipe.search = "auto"
-  model = kv.pop("model", "auto")
-  if model not in MODELS:
-    raise ValueError(f"model={model!r} is not one of {MODELS}")
-  c.model.kind = model
+  c.model.kind = common.one_of("model", args.model, MODELS)
   c.model.bag_matmul = "auto"
   # The wide-and-deep candidate's tower: narrow, with dropout (chosen on the Bibtex and Delicious
   # validation splits: 0.3 and 0.5 within noise, both ~1.5 P@1 above the linear model on Delicious).
@@ -54,7 +60,7 @@ def get_config(arg: str = "bibtex"):
   c.loss.kind = "auto"
   c.mining.sampler = "auto"
   c.mining.num_samples = -1
-  c.loss.scale = -1.0
+  c.loss.logit_scale = -1.0
   c.train.batch_size = -1
   c.train.num_steps = -1
   c.train.eval_every = -1
@@ -63,12 +69,4 @@ def get_config(arg: str = "bibtex"):
   c.table.decay = "cosine"
   c.train.log_every = 100
   c.train.fingerprint = False
-  if kv.pop("runlocal", "0") == "1":
-    c.recipe.min_steps = 20
-    c.recipe.max_steps = 40
-    c.recipe.search = "model.kind=linear,wide_deep"
-    c.eval.max_examples = 256
-  if kv:
-    raise ValueError(f"unknown config arguments {sorted(kv)}")
-  c.lock()
-  return c
+  return common.finish(c, args, small)

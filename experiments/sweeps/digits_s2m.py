@@ -9,7 +9,7 @@ the data order (the test half of the digits is never downsampled).
 Head / Tail accuracy = recall@1 on the test points of the Head / Tail classes.
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import Sweep, k_prime_points, schedule
 
 
 def get_sweep(arg: str = "") -> Sweep:
@@ -17,11 +17,8 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="Table 3 (Rawat et al. 2021): average top-k' SGD on head/tail digits",
       config="experiments/configs/digits_s2m.py",
-      base_overrides={"train.num_steps": 3000, "train.eval_every": 500,
-                      "train.checkpoint_every": 1000},
-      points=tuple(Point(f"kprime{k}", {"loss.k_prime": k},
-                         f"k'={k}" + (" (plain SGD)" if k == 64 else ""))
-                   for k in (1, 16, 32, 64)),
+      base_overrides=schedule(3000, 500, 1000),
+      points=k_prime_points((1, 16, 32, 64), lambda k: f"k'={k}" + (" (plain SGD)" if k == 64 else "")),
       seeds=(0, 1, 2, 3, 4),
       seed_fields=("seed", "dataset.synthetic.seed"),
       baseline="kprime64",

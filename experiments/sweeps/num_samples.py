@@ -7,7 +7,7 @@ A larger B finds harder negatives (the top 16 of more candidates) at a cost
 per step that grows with B: the report's cost table is the point here.
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import RAW_COSINES, Point, Sweep, schedule
 
 
 def get_sweep(arg: str = "") -> Sweep:
@@ -15,11 +15,9 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="B (sampled negatives) at fixed k = 16, synthetic K = 20,000",
       config="experiments/configs/snm.py:synthetic",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
-                      "dataset.synthetic.num_labels": 20_000,
+      base_overrides={**RAW_COSINES, "dataset.synthetic.num_labels": 20_000,
                       "dataset.synthetic.num_train": 50_000, "mining.k": 16,
-                      "train.num_steps": 1500, "train.eval_every": 500,
-                      "train.checkpoint_every": 1000},
+                      **schedule(1500, 500, 1000)},
       points=tuple(Point(f"B{b}", {"mining.num_samples": b}, f"B={b}") for b in (256, 1024, 4096)),
       seeds=(0,),
       baseline="B256",

@@ -15,23 +15,22 @@ phi on 10 x the cosine scores (at scale 1 the logistic loss of cosines in
     k = 16 of B = 1,024 (the paper's k / B = 1/64), 50,000 training points.
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import Sweep, k_prime_points, schedule
 
 
 def get_sweep(arg: str = "") -> Sweep:
   n_mb = 128
-  common = {"train.batch_size": n_mb, "mining.k": 16, "loss.scale": 10.0}
+  common = {"train.batch_size": n_mb, "mining.k": 16, "loss.logit_scale": 10.0}
   if arg == "synthetic":
     config = "experiments/configs/s2m.py:synthetic"
     base = {**common, "mining.num_samples": 1024, "dataset.synthetic.num_train": 50_000,
-            "train.num_steps": 1500, "train.eval_every": 500, "train.checkpoint_every": 1000}
+            **schedule(1500, 500, 1000)}
     notes = ("Synthetic generator, K = 4,096 labels, 50,000 training / 2,000 test points, 64-d "
              "dense features; SNM top-16 of B = 1,024 uniform shared negatives, BOWL with the "
              "logistic phi on 10 x the cosines, N_mb = 128, 1,500 steps (~4 epochs).")
   elif arg == "":
     config = "experiments/configs/s2m.py:delicious"
-    base = {**common, "mining.num_samples": 512, "train.num_steps": 400,
-            "train.eval_every": 200, "train.checkpoint_every": 200}
+    base = {**common, "mining.num_samples": 512, **schedule(400, 200, 200)}
     notes = ("Delicious (K = 983), SNM top-16 of B = 512 uniform shared negatives, BOWL with the "
              "logistic phi on 10 x the cosines, N_mb = 128, 400 steps (~4 epochs).")
   else:
@@ -40,9 +39,9 @@ def get_sweep(arg: str = "") -> Sweep:
       title=f"Table 4 (Rawat et al. 2021) scaled down: S2M k' on {arg or 'delicious'}",
       config=config,
       base_overrides=base,
-      points=tuple(Point(f"kprime{k}", {"loss.k_prime": k},
-                         f"k'={k}" + (" (=N_mb, plain SNM)" if k == n_mb else f" (N_mb/{n_mb // k})"))
-                   for k in (n_mb // 8, n_mb // 4, n_mb)),
+      points=k_prime_points(
+          (n_mb // 8, n_mb // 4, n_mb),
+          lambda k: f"k'={k}" + (" (=N_mb, plain SNM)" if k == n_mb else f" (N_mb/{n_mb // k})")),
       seeds=(0, 1),
       baseline=f"kprime{n_mb}",
       curve_metric="R@5",

@@ -8,7 +8,8 @@ Reddi et al. 2019) gives the best achievable R@5 on its test set; the report
 shows each method's R@5 as a fraction of it.
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import (RAW_COSINES, Point, Sweep, negative_sampling_point, schedule,
+                                    top_k_points)
 
 
 def get_sweep(arg: str = "") -> Sweep:
@@ -16,19 +17,15 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="Synthetic data (K = 1024): SNM, negative sampling and full softmax vs the Bayes-optimal top-5",
       config="experiments/configs/snm.py:synthetic",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
-                      "dataset.synthetic.num_labels": 1024,
+      base_overrides={**RAW_COSINES, "dataset.synthetic.num_labels": 1024,
                       "dataset.synthetic.num_train": 50_000, "mining.num_samples": 256,
-                      "train.num_steps": 4000, "train.eval_every": 1000,
-                      "train.checkpoint_every": 2000},
-      points=(
-          Point("k1", {"mining.k": 1}, "SNM top-1"),
-          Point("k16", {"mining.k": 16}, "SNM top-16"),
-          Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling"),
+                      **schedule(4000, 1000, 2000)},
+      points=top_k_points((1, 16)) + (
+          negative_sampling_point(),
           Point("k16_8k", {"mining.k": 16, "train.num_steps": 8000, "train.eval_every": 2000},
                 "SNM top-16, 8,000 steps"),
           Point("softmax", {"loss.kind": "full_softmax", "mining.sampler": "full",
-                            "loss.scale": 10.0}, "full softmax"),
+                            "loss.logit_scale": 10.0}, "full softmax"),
       ),
       seeds=(0,),
       baseline="ns",

@@ -13,23 +13,21 @@ seed. In all, the "negative sampling" point is the same loss with
 vartheta_j = 1/B (k = B).
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import (RAW_COSINES, Sweep, negative_sampling_point, schedule,
+                                    top_k_points)
 
 
 def get_sweep(arg: str = "") -> Sweep:
   if arg not in ("", "b16", "logistic"):
     raise ValueError(f"unknown variant {arg!r} of table2_bibtex; choose '', 'b16' or 'logistic'")
   b, ks = (16, (1, 4)) if arg == "b16" else (128, (1, 16, 64))
-  phi = {"loss.phi": "logistic", "loss.scale": 10.0} if arg == "logistic" else {}
+  phi = {"loss.phi": "logistic", "loss.logit_scale": 10.0} if arg == "logistic" else {}
   return Sweep(
       title=(f"Table 2 (Reddi et al. 2019) on Bibtex: SNM top-k vs negative sampling, B = {b}"
              + (", logistic phi x 10" if phi else "")),
       config="experiments/configs/snm.py:bibtex",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
-                      "mining.num_samples": b, "train.num_steps": 600,
-                      "train.eval_every": 200, "train.checkpoint_every": 300, **phi},
-      points=tuple(Point(f"k{k}", {"mining.k": k}, f"SNM top-{k}") for k in ks) + (
-          Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling"),),
+      base_overrides={**RAW_COSINES, "mining.num_samples": b, **schedule(600, 200, 300), **phi},
+      points=top_k_points(ks) + (negative_sampling_point(),),
       seeds=(0,) if phi else (0, 1),
       baseline="ns",
       notes=(f"Bibtex (K = 159): B = {b} uniform shared negatives per minibatch, k in "

@@ -7,7 +7,8 @@ Delicious has K = 983 labels, so B = 512 sampled negatives leave room for the
 paper's full k list.
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import (RAW_COSINES, Sweep, negative_sampling_point, schedule,
+                                    top_k_points)
 
 
 def get_sweep(arg: str = "") -> Sweep:
@@ -15,16 +16,8 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="Table 2 (Reddi et al. 2019) on Delicious: SNM top-k vs negative sampling",
       config="experiments/configs/snm.py:delicious",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
-                      "mining.num_samples": 512, "train.num_steps": 300,
-                      "train.eval_every": 150, "train.checkpoint_every": 150},
-      points=(
-          Point("k1", {"mining.k": 1}, "SNM top-1"),
-          Point("k16", {"mining.k": 16}, "SNM top-16"),
-          Point("k64", {"mining.k": 64}, "SNM top-64"),
-          Point("k256", {"mining.k": 256}, "SNM top-256"),
-          Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling"),
-      ),
+      base_overrides={**RAW_COSINES, "mining.num_samples": 512, **schedule(300, 150, 150)},
+      points=top_k_points((1, 16, 64, 256)) + (negative_sampling_point(),),
       seeds=(0, 1),
       baseline="ns",
       notes=("Delicious (K = 983): B = 512 uniform shared negatives, BOWL with the hinge phi, "

@@ -11,7 +11,7 @@ j^-alpha; the floor gives every negative beyond the top k the weight eps
 (footnote 2: a strictly positive floor restores calibration).
 """
 
-from experiments.sweeps.spec import Point, Sweep
+from experiments.sweeps.spec import RAW_COSINES, Point, Sweep, negative_sampling_point, schedule
 
 
 def get_sweep(arg: str = "") -> Sweep:
@@ -20,13 +20,11 @@ def get_sweep(arg: str = "") -> Sweep:
   return Sweep(
       title="vartheta families on Bibtex (B = 64)",
       config="experiments/configs/snm.py:bibtex",
-      base_overrides={"loss.scale": 1.0,  # the scale these results were measured at
-                      "mining.num_samples": b, "train.num_steps": 400,
-                      "train.eval_every": 200, "train.checkpoint_every": 200},
+      base_overrides={**RAW_COSINES, "mining.num_samples": b, **schedule(400, 200, 200)},
       points=(
-          Point("ns", {"mining.vartheta": "negative_sampling"}, "negative sampling (1/B)"),
-          Point("top16_mean", {"mining.k": 16, "mining.scale": "mean"}, "top-16, mean"),
-          Point("top16_expect", {"mining.k": 16, "mining.scale": "expectation"},
+          negative_sampling_point("negative sampling (1/B)"),
+          Point("top16_mean", {"mining.k": 16, "mining.vartheta_norm": "mean"}, "top-16, mean"),
+          Point("top16_expect", {"mining.k": 16, "mining.vartheta_norm": "expectation"},
                 "top-16, expectation"),
           Point("pow0.5", {"mining.vartheta": "power_law", "mining.k": b,
                            "mining.power_alpha": 0.5}, "power law a=0.5"),

@@ -12,6 +12,9 @@ from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import StratifiedSampler, unigram_stratum_cdf
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers
+# The override helpers, also under their old home here (experiments/train.py, tests).
+from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config_fields,  # noqa: F401
+                                     is_auto, parse_search, unknown_field_error)
 from snm_jax.train.step import LossSpec
 
 LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns", "adversarial_ns", "nce")
@@ -35,7 +38,7 @@ RECIPE_FIELDS = {
     "loss.kind": f"one of {list(LOSS_KINDS)}",
     "mining.sampler": f"one of {list(SAMPLERS)}",
     "mining.num_samples": "an integer >= 1",
-    "loss.scale": "a number > 0",
+    "loss.logit_scale": "a number > 0",
     "train.batch_size": "an integer >= 1",
     "train.num_steps": "an integer >= 1",
     "train.eval_every": "an integer >= 0 (0 = only at the end)",
@@ -44,17 +47,11 @@ RECIPE_FIELDS = {
 }
 TABLE_OPTIMIZERS = ("sgd", "momentum", "adagrad")
 TOWER_OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
-VARTHETA_SCALES = ("mean", "expectation")
+VARTHETA_NORMS = ("mean", "expectation")  # mining.vartheta_norm
 ON_NONFINITE = ("stop", "skip")
 ON_UNREADABLE = ("restart", "fail")
 DISTRIBUTED_MODES = ("auto", "yes", "no")
 BAG_MATMULS = ("gather", "dense")  # models.towers.EmbeddingBag.matmul
-
-
-def _is_sentinel(value) -> bool:
-  """The recipe's "auto" / -1 placeholder (recipes._is_auto)."""
-  return value == "auto" or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                             and value == -1)
 
 
 def _is_int(value) -> bool:
@@ -100,34 +97,6 @@ def _one_of(field, value, allowed):
     raise ConfigError(field, f"{value!r} is not one of {list(allowed)}")
 
 
-def config_fields(config, prefix: str = "") -> list[str]:
-  """Every leaf field of a ConfigDict as a dotted name ("mining.k", "dataset.synthetic.dim")."""
-  out = []
-  for key in config.keys():
-    value = config[key]
-    if hasattr(value, "keys"):
-      out += config_fields(value, f"{prefix}{key}.")
-    else:
-      out.append(f"{prefix}{key}")
-  return out
-
-
-def unknown_field_error(config, field: str) -> ConfigError:
-  """The ConfigError for an override of a field `config` does not have, naming the closest
-  valid names (difflib), e.g. `config.mining.kk: no such config field; closest: mining.k`."""
-  import difflib  # pylint: disable=g-import-not-at-top
-  names = config_fields(config)
-  close = difflib.get_close_matches(field, names, n=3, cutoff=0.6)
-  if "." in field:  # also the leaf alone among its section's fields
-    section, leaf = field.rsplit(".", 1)
-    leaves = [n[len(section) + 1:] for n in names if n.startswith(section + ".")]
-    close += [f"{section}.{n}" for n in difflib.get_close_matches(leaf, leaves, n=3, cutoff=0.5)
-              if f"{section}.{n}" not in close]
-  hint = (f"closest: {', '.join(close[:3])}" if close else
-          f"the sections are {', '.join(k for k in config.keys() if hasattr(config[k], 'keys'))}")
-  return ConfigError(field, f"no such config field; {hint} (every field: experiments/configs/common.py)")
-
-
 def _recipe_placeholders(config) -> set:
   """The RECIPE_FIELDS left at "auto" / -1. Raises ConfigError for one in a plain run."""
   recipe = _field(config, "recipe", None)
@@ -136,7 +105,7 @@ def _recipe_placeholders(config) -> set:
   for field, allowed in RECIPE_FIELDS.items():
     section, name = field.split(".")
     value = config[section].get(name)
-    if _is_sentinel(value):
+    if is_auto(value):
       if not in_recipe:
         raise ConfigError(field, f"{value!r} is a placeholder that only a recipe resolves from the "
                           "data (recipe.name set, e.g. experiments/configs/xmc.py); a plain run "
@@ -146,11 +115,12 @@ def _recipe_placeholders(config) -> set:
 
 
 def _validate_recipe(config) -> None:
-  from snm_jax.train import recipes  # pylint: disable=g-import-not-at-top  (recipes imports the loop)
   r = config.recipe
-  grid = {} if r.search == recipes.AUTO else recipes.parse_search(r.search)  # "auto": derived from the data
+  grid = {} if r.search == AUTO else parse_search(r.search)  # "auto": derived from the data
   for field in grid:
     section, _, name = field.partition(".")
+    if field in RENAMED_FIELDS:
+      raise ConfigError("recipe.search", f"{field} was renamed to {RENAMED_FIELDS[field]}")
     if section not in config or not hasattr(config[section], "keys") or name not in config[section]:
       raise ConfigError("recipe.search", f"no config field {field!r} (a search entry is "
                         "section.field=v1,v2 or section.field*=m1,m2)")
@@ -172,6 +142,7 @@ def validate(config, num_labels: int | None = None) -> None:
   RECIPE_FIELDS at "auto" / -1 (their checks are skipped; the candidates
   the recipe trains are validated resolved); a plain run may not.
   """
+  check_renamed(config)  # e.g. loss.scale, now loss.logit_scale (RENAMED_FIELDS)
   auto = _recipe_placeholders(config)
 
   def given(*fields) -> bool:
@@ -254,13 +225,13 @@ def validate(config, num_labels: int | None = None) -> None:
     raise ConfigError("loss.phi", str(e)) from None
   if lo.phi == "ramp":
     _real("loss.ramp_rho", lo.ramp_rho, 0, lo_open=True)
-  if given("loss.scale"):
-    _real("loss.scale", lo.scale, 0, lo_open=True, note=" (scores are multiplied by it)")
+  if given("loss.logit_scale"):
+    _real("loss.logit_scale", lo.logit_scale, 0, lo_open=True, note=" (scores are multiplied by it)")
   _real("loss.adv_lambda", lo.adv_lambda, 0)
   if given("mining.sampler"):
     _one_of("mining.sampler", mi.sampler, SAMPLERS)
   _one_of("mining.vartheta", mi.vartheta, VARTHETAS)
-  _one_of("mining.scale", mi.scale, VARTHETA_SCALES)
+  _one_of("mining.vartheta_norm", mi.vartheta_norm, VARTHETA_NORMS)
   _bool("mining.per_example", mi.per_example)
   _int("mining.num_strata", mi.num_strata, 1, note=" (sampling strata V)")
   if given("mining.sampler") and mi.sampler == "unigram":
@@ -357,13 +328,13 @@ def make_vartheta(config, num_labels: int) -> np.ndarray:
   m = config.mining
   try:
     if m.vartheta == "top_k":
-      return losses.top_k_vartheta(m.k, m.num_samples, num_labels, scale=m.scale, floor=m.floor)
+      return losses.top_k_vartheta(m.k, m.num_samples, num_labels, scale=m.vartheta_norm, floor=m.floor)
     if m.vartheta == "negative_sampling":
-      if m.scale == "mean":  # the plain average over all B sampled negatives
+      if m.vartheta_norm == "mean":  # the plain average over all B sampled negatives
         return losses.top_k_vartheta(m.num_samples, m.num_samples, num_labels, scale="mean")
       return losses.negative_sampling_vartheta(m.k, m.num_samples, num_labels)
     return losses.power_law_vartheta(m.power_alpha, m.num_samples, num_labels, k=m.k,
-                                     scale=m.scale, floor=m.floor)
+                                     scale=m.vartheta_norm, floor=m.floor)
   except ValueError as e:
     raise ConfigError(f"mining ({m.vartheta} vartheta)", str(e)) from None
 
@@ -378,7 +349,7 @@ def make_loss_spec(config, num_labels: int) -> LossSpec:
     head_arr, tail = losses.split_vartheta(make_vartheta(config, num_labels))
     head = tuple(float(h - tail) for h in head_arr)
   return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail),
-                  scale=float(config.loss.scale), reduction=config.loss.reduction,
+                  logit_scale=float(config.loss.logit_scale), reduction=config.loss.reduction,
                   k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda))
 
 

@@ -33,6 +33,7 @@ from jax.experimental import multihost_utils
 
 from snm_jax.errors import CheckpointError, ConfigError
 from snm_jax.train.host import is_writer, to_host
+from snm_jax.train.overrides import RENAMED_FIELDS
 
 DIGEST_KEY = "state_sha256"
 ON_UNREADABLE = ("restart", "fail")
@@ -205,10 +206,17 @@ def resumable(field: str) -> bool:
       field.startswith(f) if f.endswith(".") else field == f for f in RESUMABLE_FIELDS)
 
 
+def _current_names(flat: dict) -> dict:
+  """A flattened config with RENAMED_FIELDS under their new names (a config.json written before
+  the rename, e.g. `loss.scale`, is compared as `loss.logit_scale`)."""
+  return {RENAMED_FIELDS.get(f, f): v for f, v in flat.items()}
+
+
 def config_differences(saved: dict, new: dict) -> list[tuple[str, object, object]]:
   """(field, saved value, new value) for every dotted field present in both JSON configs that
-  differs, sorted. Fields only one side has (added or removed since) are not compared."""
-  a, b = _flatten(saved), _flatten(new)
+  differs, sorted. Fields only one side has (added or removed since) are not compared; a field
+  `saved` holds under its old name (RENAMED_FIELDS) is compared under the new one."""
+  a, b = _current_names(_flatten(saved)), _flatten(new)
   return sorted((f, a[f], b[f]) for f in a.keys() & b.keys() if a[f] != b[f])
 
 
@@ -217,6 +225,10 @@ def check_resume_config(saved: dict, new: dict, where) -> None:
   config.json) and `new` (JSON of the config about to resume it) and may not change on
   resume (`resumable`). Logs the resumable ones that changed."""
   diffs = config_differences(saved, new)
+  old_names = sorted(f for f in _flatten(saved) if f in RENAMED_FIELDS)
+  if old_names:
+    logging.info("the saved config.json of %s uses old field names: %s (compared under the new names)",
+                 where, "; ".join(f"{f}: renamed to {RENAMED_FIELDS[f]}" for f in old_names))
   changed = [d for d in diffs if resumable(d[0])]
   refused = [d for d in diffs if not resumable(d[0])]
   if changed:

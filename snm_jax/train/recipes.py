@@ -17,7 +17,6 @@ A field the user sets explicitly (anything but "auto"/-1) is kept as given.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -26,12 +25,13 @@ import numpy as np
 from absl import logging
 
 from snm_jax.errors import ConfigError
-from snm_jax.train import loop
+from snm_jax.train import loop, reuse
 from snm_jax.train.host import is_writer
+# AUTO, the placeholder test and the `recipe.search` parser live with the overrides (builders validates
+# recipe.search with them); parse_search is re-exported here.
+from snm_jax.train.overrides import AUTO, parse_search, with_overrides  # noqa: F401
+from snm_jax.train.overrides import is_auto as _is_auto
 from snm_jax.train.run_data import RunData, load_run_data
-
-AUTO = "auto"
-
 
 @dataclasses.dataclass(frozen=True)
 class DataStats:
@@ -61,10 +61,6 @@ MAX_DENSE_BAG_FEATURES = 1 << 14
 TABLE_LR_PER_EXAMPLE = {"linear": 0.16, "wide_deep": 0.16, "snm_tower": 0.004}
 
 
-def _is_auto(value) -> bool:
-  return value == AUTO or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1)
-
-
 def fits_linear_table(stats: DataStats, width: int = 0) -> bool:
   """Whether a K x (d + 1 + width) class table (linear / wide_deep models) is small enough."""
   return stats.num_labels * (stats.num_features + 1 + width) <= MAX_LINEAR_TABLE
@@ -90,7 +86,7 @@ def derive(config, stats: DataStats) -> dict:
       "mining.sampler": "full" if full else "uniform",
       "mining.num_samples": (-(-stats.num_labels // config.mining.num_strata) * config.mining.num_strata
                              if full else min(8192, stats.num_labels)),
-      "loss.scale": 1.0 if kind in ("linear", "wide_deep") else 10.0,
+      "loss.logit_scale": 1.0 if kind in ("linear", "wide_deep") else 10.0,
       "train.batch_size": batch,
       "train.num_steps": steps,
       "train.eval_every": max(steps // r.evaluations, 1),
@@ -115,26 +111,6 @@ def search_spec(config, stats: DataStats) -> str:
   return spec
 
 
-def parse_search(spec: str) -> dict:
-  """'table.learning_rate*=0.5,1,2;dataset.conversion=a,b' -> {field: (op, [values])}.
-
-  `*=` multiplies the derived value, `=` sets it. Values are parsed as numbers when they are.
-  """
-  grid = {}
-  for part in filter(None, (p.strip() for p in spec.split(";"))):
-    field, op, values = (part.partition("*=") if "*=" in part else part.partition("="))
-    if not op or not values:
-      raise ConfigError("recipe.search", f"{part!r}: expected field=v1,v2 or field*=m1,m2")
-    parsed = []
-    for v in values.split(","):
-      try:
-        parsed.append(float(v) if any(c in v for c in ".e") else int(v))
-      except ValueError:
-        parsed.append(v)
-    grid[field.strip()] = (op, parsed)
-  return grid
-
-
 def candidates(base: dict, grid: dict) -> list[tuple[str, dict]]:
   """Every point of the grid as (name, overrides), overrides applied on top of `base`."""
   points = [("", {})]
@@ -150,16 +126,8 @@ def candidates(base: dict, grid: dict) -> list[tuple[str, dict]]:
 
 
 def _apply(config, overrides: dict):
-  c = copy.deepcopy(config)
-  c.unlock()
-  for field, value in overrides.items():
-    section, name = field.split(".")
-    if name not in c[section]:
-      raise ConfigError("recipe.search", f"no config field {field!r}")
-    c[section][name] = value
-  c.recipe.name = ""
-  c.lock()
-  return c
+  """A candidate: `config` with `overrides`, as a plain run (recipe.name cleared)."""
+  return with_overrides(config, {**overrides, "recipe.name": ""})
 
 
 def run(config, workdir) -> dict:
@@ -209,13 +177,9 @@ def run(config, workdir) -> dict:
 
 
 def _run_or_load(config, workdir: Path) -> dict:
-  done = workdir / "results.json"
-  if done.exists():
-    logging.info("candidate %s finished earlier: reusing %s", workdir.name, done)
-    return json.loads(done.read_text())
-  logging.info("candidate %s: training -> %s", workdir.name, workdir)
-  out = loop.train_and_evaluate(config, workdir)
-  return out
+  """One candidate (a plain run), reused when it finished earlier (`reuse.run_or_load`)."""
+  return reuse.run_or_load(workdir, lambda: loop.train_and_evaluate(config, workdir),
+                           f"candidate {workdir.name}", log=logging.info)
 
 
 def _fields(config):

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from snm_jax.train import builders, loop, recipes
+from snm_jax.train import builders, loop, recipes, reuse
 
 
 def train(config, workdir) -> dict:
@@ -20,11 +17,4 @@ def train(config, workdir) -> dict:
 
 def run_or_load(config, workdir, name: str = "") -> dict:
   """results.json of `workdir` if the run finished, else trains (resuming) and returns it."""
-  workdir = Path(workdir)
-  done = workdir / "results.json"
-  if done.exists():
-    print(f"[{name or workdir.name}] reusing {done}", flush=True)
-    return json.loads(done.read_text())
-  print(f"[{name or workdir.name}] training -> {workdir}", flush=True)
-  out = train(config, workdir)
-  return out
+  return reuse.run_or_load(workdir, lambda: train(config, workdir), name)

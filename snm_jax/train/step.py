@@ -76,7 +76,7 @@ class LossSpec:
     (their Eq. 6, with regulariser weight `lam`; needs the tree sampler) | "nce".
   head_minus_tail, tail: vartheta split as head (first k) + constant tail.
   phi: margin surrogate (callable).
-  scale: scores are multiplied by it before the loss (a softmax temperature).
+  logit_scale: scores are multiplied by it before the loss (an inverse softmax temperature).
   reduction: "mean" or "s2m" (average of the top-`k_prime` per-example losses).
   dense_score_grad: SNM only. False (default): when vartheta has no tail the
     k selected scores are recomputed from their gathered rows and only they
@@ -88,7 +88,7 @@ class LossSpec:
   phi: Callable | None = None
   head_minus_tail: tuple = ()
   tail: float = 0.0
-  scale: float = 1.0
+  logit_scale: float = 1.0
   reduction: str = "mean"
   k_prime: int = 0
   lam: float = 0.0
@@ -149,12 +149,12 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   if dropout is None:
     dropout = _module_has_dropout(getattr(tower_apply, "__self__", None))
   negatives = negatives_lib.for_sampler(sampler, mesh, stratum_cdf, table_rows)
-  scorer = _Scorer(loss.scale, normalize_classes)
+  scorer = _Scorer(loss.logit_scale, normalize_classes)
   per_example_loss = losses_registry.get_loss(loss.kind)
 
   # ---- 2. score + loss, per model shard -------------------------------------
   def sharded_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l):
-    pos = loss.scale * jax.lax.psum(jnp.sum(q_l * scorer.class_rows(pos_rows_l[0]), axis=-1), MODEL)
+    pos = loss.logit_scale * jax.lax.psum(jnp.sum(q_l * scorer.class_rows(pos_rows_l[0]), axis=-1), MODEL)
     scores, score_at, ids, log_q, mine = negatives.local_scores(q_l, rows_l, ids_l, log_q_l, scorer)
     hit = jnp.any(ids[:, :, None] == label_set_l[:, None, :], axis=-1)
     valid = (ids < negatives.num_labels) & ~hit & mine

@@ -1,0 +1,30 @@
+"""Reusing finished runs: a workdir holding results.json is read back instead of retrained.
+
+The one implementation behind `runs.run_or_load` (demo, sweeps of whole configs)
+and the recipes' candidates (`recipes.run`); it imports neither, so both can
+import it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+
+def _say(message: str) -> None:
+  print(message, flush=True)
+
+
+def run_or_load(workdir, train: Callable[[], dict], name: str = "",
+                log: Callable[[str], None] = _say) -> dict:
+  """results.json of `workdir` if the run finished there, else `train()` (which resumes from the
+  workdir's checkpoints). `log` gets one line saying which."""
+  workdir = Path(workdir)
+  done = workdir / "results.json"
+  name = name or workdir.name
+  if done.exists():
+    log(f"[{name}] reusing {done}")
+    return json.loads(done.read_text())
+  log(f"[{name}] training -> {workdir}")
+  return train()
