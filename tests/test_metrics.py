@@ -164,3 +164,14 @@ def test_subpopulation_masks():
   np.testing.assert_array_equal(tied["head"], [1, 0, 0, 1, 0])
   with pytest.raises(ValueError, match="^quantiles"):
     metrics.subpopulation_masks(counts, labels, quantiles=(0.7, 0.3))
+
+
+def test_explicit_propensity_parameters_win_over_the_dataset_name():
+  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.evaluate import propensity_ab  # pylint: disable=g-import-not-at-top
+  c = common.base_config()
+  assert propensity_ab(c, "amazon-670k") == (0.6, 2.6)
+  assert propensity_ab(c, None) == (0.55, 1.5)
+  c.eval.psp_a, c.eval.psp_b = 0.7, 3.0
+  assert propensity_ab(c, "amazon-670k") == (0.7, 3.0)
+  assert propensity_ab(c, "bibtex") == (0.7, 3.0)

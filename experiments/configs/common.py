@@ -124,8 +124,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.row_block = 4096         # Class rows scored per scan block.
   c.eval.max_examples = 0         # Evaluate on the first n test points (0 = all).
   c.eval.log_likelihood = False   # Also the predictive log-likelihood of each point's first label (O(K) per query).
-  c.eval.psp_a = 0.55             # Jain et al. propensity A.
-  c.eval.psp_b = 1.5              # Jain et al. propensity B.
+  # Jain et al. propensity A and B; None: the dataset's published values (metrics.propensity_params:
+  # Amazon 0.6/2.6, Wikipedia 0.5/0.4, else 0.55/1.5). Set, they are used for every dataset.
+  c.eval.psp_a = ml_collections.config_dict.placeholder(float)
+  c.eval.psp_b = ml_collections.config_dict.placeholder(float)
   # Validation metric that selects the state evaluated on test (needs dataset.validation_fraction > 0).
   c.eval.select_metric = "P@1"
 

@@ -303,8 +303,9 @@ def validate(config, num_labels: int | None = None) -> None:
   _int("eval.row_block", e.row_block, 1)
   _int("eval.max_examples", e.max_examples, 0, note=" (0 = all)")
   _bool("eval.log_likelihood", e.log_likelihood)
-  _real("eval.psp_a", e.psp_a, 0, lo_open=True)
-  _real("eval.psp_b", e.psp_b, 0, lo_open=True)
+  for name in ("psp_a", "psp_b"):
+    if e[name] is not None:
+      _real(f"eval.{name}", e[name], 0, lo_open=True)
   select = _field(e, "select_metric", "P@1")
   if not (isinstance(select, str) and select):
     raise ConfigError("eval.select_metric", f"must be a metric name such as 'P@1', got {select!r}")

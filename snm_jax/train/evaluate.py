@@ -30,6 +30,13 @@ def first_labels(labels) -> np.ndarray:
   return first
 
 
+def propensity_ab(config, dataset_name: str | None) -> tuple[float, float]:
+  """Jain et al.'s (A, B): `eval.psp_a` / `eval.psp_b` where set, else the dataset's published values."""
+  a, b = metrics.propensity_params(dataset_name or "")
+  return (a if config.eval.psp_a is None else config.eval.psp_a,
+          b if config.eval.psp_b is None else config.eval.psp_b)
+
+
 def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, normalize_classes: bool,
                   max_nnz: int, max_labels: int, tree_sampler=None) -> Callable:
   """`evaluate(state) -> dict` of every metric on one split ("validation" or "test").
@@ -58,8 +65,7 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
       k=max(config.eval.k_max, min(config.eval.recall_r, run_data.num_labels)),
       query_chunk=config.eval.query_chunk, row_block=config.eval.row_block,
       normalize_classes=normalize_classes, max_nnz=max_nnz, max_labels=max_labels)
-  a, b = (metrics.propensity_params(run_data.train.name) if run_data.train.name
-          else (config.eval.psp_a, config.eval.psp_b))
+  a, b = propensity_ab(config, run_data.train.name)
   propensities = metrics.jain_propensities(run_data.label_counts, run_data.train_file_points, a, b)
   bayes_features = None
   if run_data.synthetic is not None and split == "test":
