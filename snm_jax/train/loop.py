@@ -1,6 +1,6 @@
 """`train_and_evaluate(config, workdir)`: one loop for every method, resumable from `workdir`.
 
-Sections: task (data, model, step and state: `snm_jax.train.task.build_task`)
+Sections: task (data, model, step and state: `snm_jax.train.tasks.build_task`)
 -> checkpoint restore -> loop (step, log, eval and model selection,
 checkpoint) -> final evaluation of the selected state -> results.json.
 What a method needs beyond a train step, a state, batches and evaluators lives
@@ -23,7 +23,8 @@ from snm_jax.train import builders
 from snm_jax.train.checkpointing import Checkpointer, abstract_like, check_resume_config
 from snm_jax.train.host import itstime, workdir_lock
 from snm_jax.train.progress import Progress
-from snm_jax.train.task import build_task, state_fingerprint
+from snm_jax.train.task import state_fingerprint
+from snm_jax.train.tasks import build_task
 from snm_jax.train.writers import MetricWriter
 
 

@@ -1,7 +1,7 @@
 """What the loop trains: a `Task` holds every method-specific piece of a run.
 
 `snm_jax.train.loop.train_and_evaluate` is one loop for every method; it asks
-`build_task(config, mesh)` for
+`snm_jax.train.tasks.build_task(config, mesh)` for
 
   * `state`: the initial train state, a pytree with `step`, `nonfinite_steps`
     and `first_nonfinite_step` (int32 scalars; see `snm_jax.train.step.TrainState`),
@@ -30,11 +30,7 @@ from typing import Any, Callable, Protocol
 import jax
 import numpy as np
 
-from snm_jax.errors import ConfigError
 from snm_jax.train.host import to_host
-
-TASKS = ("classification", "retrieval")
-
 
 class Batches(Protocol):
   """A resumable iterator of global (mesh-sharded) batches."""
@@ -69,15 +65,3 @@ def state_fingerprint(state) -> str:
   for leaf in jax.tree.leaves(leaves):
     h.update(np.ascontiguousarray(to_host(leaf)).tobytes())
   return h.hexdigest()
-
-
-def build_task(config, mesh) -> Task:
-  """The task `config.task` names (default "classification"), built on `mesh`."""
-  kind = config.get("task", "classification")
-  if kind == "classification":
-    from snm_jax.train import classification  # pylint: disable=g-import-not-at-top
-    return classification.build(config, mesh)
-  if kind == "retrieval":
-    from snm_jax.train import retrieval  # pylint: disable=g-import-not-at-top
-    return retrieval.build(config, mesh)
-  raise ConfigError("task", f"{kind!r} is not one of {list(TASKS)}")
