@@ -188,7 +188,7 @@ def test_config_rejects_typos_and_unknown_choices(tmp_path):
   config = configs.get_config()
   with pytest.raises(AttributeError):
     config.train.num_step = 3  # locked: a typo fails loudly
-  with pytest.raises(ValueError, match="variant"):
+  with pytest.raises(ValueError, match="allowed keys: runlocal"):
     configs.get_config("big")
   config = configs.get_config("runlocal")
   config.methods = ("soprc", "lambdaloss")

@@ -7,8 +7,8 @@ r"""SOPRC retrieval: SOPRC vs AP loss, Smooth-AP, triplet and contrastive (issue
 One run config per (task, method, seed) of the grid below: `common.base_config()` with
 task="retrieval" (every run field is documented there, section `auprc`). The grid fields
 (seeds, tasks, methods, results_dir) belong to the experiment and are not part of a run's
-config. Variants: "" (the committed results, ~13 min on 2 CPU cores), "runlocal" (seconds;
-used by tests/test_auprc_experiment.py).
+config. Argument: "[runlocal]": "" (the committed results, ~13 min on 2 CPU cores), "runlocal"
+(seconds; used by tests/test_auprc_experiment.py).
 """
 from experiments.configs import common
 
@@ -16,6 +16,7 @@ GRID_FIELDS = ("seeds", "tasks", "methods", "results_dir")
 
 
 def get_config(arg: str = ""):
+  args = common.parse_arg(arg, runlocal=False)
   c = common.base_config()
   c.task = "retrieval"
   c.seeds = (0, 1, 2)                 # One full run per seed; the table reports mean and std.
@@ -35,26 +36,25 @@ def get_config(arg: str = ""):
   c.train.eval_every = 0              # Test metrics at the end only.
   c.train.checkpoint_every = 100
   c.eval.select_metric = "map"
+  return common.finish(c, args, small=_runlocal)
 
-  if arg == "runlocal":
-    c.seeds = (0,)
-    c.tasks = ("synthetic",)
-    c.methods = ("soprc",)
-    c.auprc.synthetic.num_train_classes = 24
-    c.auprc.synthetic.num_test_classes = 16
-    c.auprc.synthetic.max_class_size = 40
-    c.auprc.synthetic.nuisance_dim = 16
-    c.model.hidden = 64
-    c.model.out = 16
-    c.train.num_steps = 60
-    c.train.batch_size = 64
-    c.train.checkpoint_every = 20
-    c.optimizer.learning_rate = 1e-2
-    c.auprc.soprc.num_aux = 8
-  elif arg:
-    raise ValueError(f"unknown variant {arg!r} of auprc_retrieval.py; choose '' or 'runlocal'")
-  c.lock()
-  return c
+
+def _runlocal(c):
+  """Seconds-long runs (tests): one seed, the small synthetic task, SOPRC only."""
+  c.seeds = (0,)
+  c.tasks = ("synthetic",)
+  c.methods = ("soprc",)
+  c.auprc.synthetic.num_train_classes = 24
+  c.auprc.synthetic.num_test_classes = 16
+  c.auprc.synthetic.max_class_size = 40
+  c.auprc.synthetic.nuisance_dim = 16
+  c.model.hidden = 64
+  c.model.out = 16
+  c.train.num_steps = 60
+  c.train.batch_size = 64
+  c.train.checkpoint_every = 20
+  c.optimizer.learning_rate = 1e-2
+  c.auprc.soprc.num_aux = 8
 
 
 def run_config(config, task: str, method: str, seed: int):
