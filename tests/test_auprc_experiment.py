@@ -101,6 +101,17 @@ def test_step_compiles_once_and_rejects_a_retrace():
     task.train_step(state, {k: v[:8] for k, v in batch.items()}, jax.random.key(0))
 
 
+def test_nonfinite_step_keeps_the_last_good_state_and_is_counted():
+  task = retrieval.build(_run_config(), sharding.make_mesh((-1, 1)))
+  state, _ = task.train_step(task.state, next(task.batches), jax.random.key(0))
+  good = jax.tree.map(np.asarray, (state.params, state.aux))
+  batch = next(task.batches)
+  bad, out = task.train_step(state, {**batch, "x": batch["x"] * jnp.nan}, jax.random.key(1))
+  assert not np.isfinite(float(out["loss"]))
+  assert int(bad.nonfinite_steps) == 1 and int(bad.first_nonfinite_step) == 2 and int(bad.step) == 2
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, (bad.params, bad.aux)), good)
+
+
 @pytest.mark.parametrize("order", ["before_gradient", "after_gradient"])
 def test_soprc_gradient_uses_the_aux_vector_of_the_paper_order(order):
   """Algorithm 1: v_{t+1} from the batch's scores at w_t, then the loss and gradient with
