@@ -67,25 +67,21 @@ class RetrievalState:
                first_nonfinite_step=jnp.full((), -1, jnp.int32))
 
 
-class ClassBalancedRows:
-  """This process's rows of the sampler's batches: {"x": (b, d), "label": (b,)}; resumable."""
+class ClassBalancedRows(ClassBalancedSampler):
+  """The sampler's batches as this process's rows {"x": (b, d), "label": (b,)}; resumable
+  by the sampler's get_state / set_state."""
 
-  def __init__(self, sampler: ClassBalancedSampler, x_train, y_train, mesh):
-    self.sampler, self.x_train, self.y_train = sampler, x_train, y_train
+  def __init__(self, x_train, y_train, mesh, **sampler_kwargs):
+    super().__init__(y_train, **sampler_kwargs)
+    self.x_train, self.y_train = x_train, y_train
     index, count = process_data_slice(mesh)
-    rows = sampler.batch_size // count
+    rows = self.batch_size // count
     self._rows = slice(index * rows, (index + 1) * rows)
 
   def __next__(self) -> dict:
-    idx_B, _ = next(self.sampler)
+    idx_B, _ = super().__next__()
     idx = idx_B[self._rows]
     return {"x": self.x_train[idx], "label": self.y_train[idx]}
-
-  def get_state(self) -> dict:
-    return self.sampler.get_state()
-
-  def set_state(self, state: dict) -> None:
-    self.sampler.set_state(state)
 
   @property
   def stats(self) -> dict:
@@ -147,9 +143,9 @@ def build(config, mesh) -> Task:
   task = make_task(config)
   a = config.auprc
   logging.info("retrieval task %s: %s", task.name, task.description)
-  sampler = ClassBalancedSampler(task.y_train, samples_per_class=a.samples_per_class,
-                                 batch_size=config.train.batch_size, seed=config.seed,
-                                 class_weighting=a.class_weighting)
+  rows = ClassBalancedRows(task.x_train, task.y_train, mesh, samples_per_class=a.samples_per_class,
+                           batch_size=config.train.batch_size, seed=config.seed,
+                           class_weighting=a.class_weighting)
   tower = EmbeddingTower(config.model.hidden, config.model.out)
   tx = builders.make_tower_optimizer(config)
   replicated = sharding.named(mesh, sharding.REPLICATED)
@@ -175,7 +171,7 @@ def build(config, mesh) -> Task:
     return embedding_retrieval_metrics(emb, task.y_test, tuple(a.recall_ks))
 
   return Task(state=state, train_step=train_step,
-              batches=GlobalBatches(ClassBalancedRows(sampler, task.x_train, task.y_train, mesh), mesh),
+              batches=GlobalBatches(rows, mesh),
               evaluators={"test": evaluate_test},
               info={"dataset": task.name, "description": task.description, "method": a.method,
                     "num_train": int(len(task.y_train)), "num_test": int(len(task.y_test)),
