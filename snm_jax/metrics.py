@@ -218,6 +218,32 @@ def mean_average_precision(scores: Union[np.ndarray, Sequence], relevance) -> fl
   return float(np.nanmean(aps)) if np.any(~np.isnan(aps)) else float("nan")
 
 
+def embedding_retrieval_metrics(emb_NxD, labels_N, ks=(1, 2, 4, 8)) -> dict:
+  """mAUPRC and Recall@k of embeddings; each point queries all the others (relevance = same label).
+
+  The AP of a query is `average_precision` of its ranking of the other N - 1
+  points by cosine / dot product; queries without any relevant item are
+  skipped (`num_queries` counts the others). Recall@k = fraction of those
+  queries with a relevant item among their k nearest neighbours
+  (`retrieval_recall_at_r` of the neighbours' labels).
+  """
+  emb = np.asarray(emb_NxD, np.float32)
+  labels_N = np.asarray(labels_N)
+  n = emb.shape[0]
+  off_diag = ~np.eye(n, dtype=bool)
+  sims = (emb @ emb.T)[off_diag].reshape(n, n - 1)
+  other_labels = np.broadcast_to(labels_N[None, :], (n, n))[off_diag].reshape(n, n - 1)
+  rel = other_labels == labels_N[:, None]
+  keep = rel.any(1)
+  out = {"map": mean_average_precision(sims[keep], rel[keep]), "num_queries": int(keep.sum())}
+  top = np.argsort(-sims[keep], axis=1, kind="stable")[:, :max(ks)]
+  recall = retrieval_recall_at_r(np.take_along_axis(other_labels[keep], top, 1), labels_N[keep],
+                                 max(ks))
+  for k in ks:
+    out[f"recall@{k}"] = float(recall[k - 1])
+  return out
+
+
 def subpopulation_masks(train_label_counts, labels,
                         quantiles=(1 / 3, 2 / 3)) -> dict[str, np.ndarray]:
   """Head / Torso / Tail masks over test pairs by their label's training frequency.

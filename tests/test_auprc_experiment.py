@@ -1,4 +1,5 @@
-"""The SOPRC retrieval experiment: runlocal end to end, metrics, batch plumbing."""
+"""The SOPRC retrieval experiment: runlocal end to end through the one loop, resume,
+metrics, batch plumbing, the aux-vector update order."""
 import json
 
 import jax
@@ -11,12 +12,15 @@ from experiments import auprc_retrieval as exp
 from experiments.configs import auprc_retrieval as configs
 from snm_jax import auprc
 from snm_jax import metrics
+from snm_jax import sharding
 from snm_jax.errors import ConfigError
+from snm_jax.train import loop, retrieval
+from snm_jax.train.task import state_fingerprint
 
 
 def test_runlocal_trains_soprc_above_untrained_and_writes_tables(tmp_path):
   config = configs.get_config("runlocal")
-  results = exp.train_and_evaluate(config, tmp_path)
+  results = exp.run_experiment(config, tmp_path)
   on_disk = json.loads((tmp_path / "results.json").read_text())
   assert on_disk["tasks"].keys() == results["tasks"].keys() == {"synthetic"}
   task = on_disk["tasks"]["synthetic"]
@@ -32,9 +36,109 @@ def test_runlocal_trains_soprc_above_untrained_and_writes_tables(tmp_path):
   assert task["methods"]["soprc"]["mean"]["map"] > task["methods"]["untrained"]["mean"]["map"] + 0.05
   table = (tmp_path / "results.md").read_text()
   assert "| method | mAUPRC | R@1 | R@2 | R@4 | R@8 |" in table and "| soprc |" in table
-  # A second call resumes from the per-run files instead of retraining.
-  again = exp.train_and_evaluate(config, tmp_path)
+  # Every run has the loop's workdir: config, metrics.jsonl, TensorBoard, checkpoints, results.
+  run_dir = tmp_path / "runs" / "synthetic" / "soprc" / "seed0"
+  for name in ("config.json", "metrics.jsonl", "results.json", "tensorboard", "checkpoints"):
+    assert (run_dir / name).exists(), name
+  assert json.loads((run_dir / "results.json").read_text())["steps"] == config.train.num_steps
+  # A second call reuses the finished runs instead of retraining.
+  again = exp.run_experiment(config, tmp_path)
   assert again["tasks"]["synthetic"]["methods"]["soprc"]["mean"] == task["methods"]["soprc"]["mean"]
+
+
+def _run_config(method="soprc", **train):
+  c = configs.run_config(configs.get_config("runlocal"), "synthetic", method, 0)
+  c.unlock()
+  c.train.update(train)
+  return c
+
+
+def test_retrieval_run_resumed_mid_run_is_bit_identical(tmp_path, monkeypatch):
+  config = _run_config(checkpoint_every=20, log_every=5)
+  full = loop.train_and_evaluate(config, tmp_path / "full")
+
+  build = retrieval.build
+
+  def build_then_crash_at_step_45(cfg, mesh):  # an interruption after the checkpoint of step 40
+    task = build(cfg, mesh)
+    batches, calls = task.batches, [0]
+
+    class Crashing:
+      def __next__(self):
+        calls[0] += 1
+        if calls[0] > 45:
+          raise KeyboardInterrupt("simulated kill")
+        return next(batches)
+      get_state, set_state = batches.get_state, batches.set_state
+      stats = property(lambda self: batches.stats)
+
+    task.batches = Crashing()
+    return task
+
+  monkeypatch.setattr(retrieval, "build", build_then_crash_at_step_45)
+  with pytest.raises(KeyboardInterrupt):
+    loop.train_and_evaluate(config, tmp_path / "resumed")
+  assert not (tmp_path / "resumed" / "results.json").exists()
+  monkeypatch.setattr(retrieval, "build", build)
+  resumed = loop.train_and_evaluate(config, tmp_path / "resumed")
+  assert resumed["state_fingerprint"] == full["state_fingerprint"]
+  assert resumed["final"] == full["final"]
+  rows = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "loss" in r] == list(range(5, 61, 5))  # each step once
+  assert [r["step"] for r in rows if "eval/map" in r] == [60]  # train.eval_every=0: at the end
+  assert json.loads((tmp_path / "resumed" / "results.json").read_text())["steps"] == 60
+
+
+def test_step_compiles_once_and_rejects_a_retrace():
+  config = _run_config()
+  mesh = sharding.make_mesh((-1, 1))
+  task = retrieval.build(config, mesh)
+  state = task.state
+  for i in range(3):
+    state, _ = task.train_step(state, next(task.batches), jax.random.key(i))
+  batch = next(task.batches)
+  with pytest.raises(AssertionError, match="traced 2 times"):
+    task.train_step(state, {k: v[:8] for k, v in batch.items()}, jax.random.key(0))
+
+
+def test_nonfinite_step_keeps_the_last_good_state_and_is_counted():
+  task = retrieval.build(_run_config(), sharding.make_mesh((-1, 1)))
+  state, _ = task.train_step(task.state, next(task.batches), jax.random.key(0))
+  good = jax.tree.map(np.asarray, (state.params, state.aux))
+  batch = next(task.batches)
+  bad, out = task.train_step(state, {**batch, "x": batch["x"] * jnp.nan}, jax.random.key(1))
+  assert not np.isfinite(float(out["loss"]))
+  assert int(bad.nonfinite_steps) == 1 and int(bad.first_nonfinite_step) == 2 and int(bad.step) == 2
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, (bad.params, bad.aux)), good)
+
+
+@pytest.mark.parametrize("order", ["before_gradient", "after_gradient"])
+def test_soprc_gradient_uses_the_aux_vector_of_the_paper_order(order):
+  """Algorithm 1: v_{t+1} from the batch's scores at w_t, then the loss and gradient with
+  v_{t+1}. The default must use v_{t+1}; "after_gradient" (the first experiment) v_t."""
+  config = _run_config()
+  config.auprc.soprc.aux_update = order
+  mesh = sharding.make_mesh((-1, 1))
+  task = retrieval.build(config, mesh)
+  batch, state = next(task.batches), task.state
+  a, m = config.auprc, config.auprc.samples_per_class
+  tower = retrieval.EmbeddingTower(config.model.hidden, config.model.out)
+  e = tower.apply(state.params, batch["x"])
+  scores, labels = e @ e.T, batch["label"]
+  values, mask = auprc.within_group_targets(scores, labels.shape[0] // m, m)
+  aux_next = auprc.update_aux_vector(state.aux, labels[::m], values, mask, beta=a.soprc.beta,
+                                     score_range=(-1.0, 1.0), init_from_first_batch=True)
+  y_train = np.asarray(task.batches.batcher.y_train)
+  prior, eps = auprc.class_priors(y_train, int(y_train.max()) + 1, 0.0)
+  loss_with = {v: float(auprc.batch_loss("soprc", a, scores, labels, aux, prior, eps, m - 1))
+               for v, aux in (("v_t", state.aux), ("v_t+1", aux_next))}
+  assert abs(loss_with["v_t"] - loss_with["v_t+1"]) > 1e-3  # the test can tell them apart
+  aux_next_v = np.asarray(aux_next.v)
+  new_state, out = task.train_step(state, batch, jax.random.key(0))
+  used = "v_t+1" if order == "before_gradient" else "v_t"
+  np.testing.assert_allclose(float(out["loss"]), loss_with[used], rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(new_state.aux.v), aux_next_v, atol=1e-6)  # same v_{t+1}
+  assert configs.get_config().auprc.soprc.aux_update == "before_gradient"  # the paper's, default
 
 
 def test_retrieval_metrics_match_library_sklearn_and_brute_force():
@@ -42,7 +146,7 @@ def test_retrieval_metrics_match_library_sklearn_and_brute_force():
   emb = rng.normal(size=(60, 5)).astype(np.float32)
   labels = rng.integers(0, 6, 60)
   labels[0] = 99  # a query without any relevant item is skipped
-  got = exp.retrieval_metrics(emb, labels, ks=(1, 3))
+  got = metrics.embedding_retrieval_metrics(emb, labels, ks=(1, 3))
   sims = emb @ emb.T
   aps, hits1, hits3 = [], [], []
   for q in range(1, 60):
@@ -64,7 +168,7 @@ def test_retrieval_metrics_match_library_sklearn_and_brute_force():
 def test_aux_targets_are_the_within_group_off_diagonal_scores():
   g, m = 3, 4
   scores = np.arange((g * m) ** 2, dtype=np.float32).reshape(g * m, g * m)
-  values, mask = exp._aux_targets(jnp.asarray(scores), g, m)
+  values, mask = auprc.within_group_targets(jnp.asarray(scores), g, m)
   for k in range(g):
     block = scores[k * m:(k + 1) * m, k * m:(k + 1) * m]
     np.testing.assert_array_equal(np.asarray(values[k]).reshape(m, m), block)
@@ -79,25 +183,26 @@ def test_soprc_batch_loss_finite_and_only_var_variant_adds_regulariser():
   scores = jnp.asarray(emb @ emb.T, jnp.float32)
   labels = jnp.repeat(jnp.arange(4), 4)
   aux = auprc.init_aux_vector(4, 8, (-1.0, 1.0))
-  prior, eps = exp.class_priors(np.repeat(np.arange(4), [10, 20, 30, 40]), 4, 0.0)
+  prior, eps = auprc.class_priors(np.repeat(np.arange(4), [10, 20, 30, 40]), 4, 0.0)
   np.testing.assert_allclose(prior, np.array([9, 19, 29, 39]) / 99, rtol=1e-6)
-  methods = ("soprc", "soprc_sg", "soprc_sg_var", "ap_loss", "smooth_ap", "triplet",
-             "contrastive")
-  all_losses = jax.jit(lambda s: {m: exp.batch_loss(m, config, s, labels, aux, prior, eps, 3)
+  methods = auprc.METHODS
+  all_losses = jax.jit(lambda s: {m: auprc.batch_loss(m, config.auprc, s, labels, aux, prior, eps, 3)
                                   for m in methods})
   loss = {m: float(v) for m, v in all_losses(scores).items()}
   assert all(np.isfinite(v) for v in loss.values())
   assert loss["soprc"] == loss["soprc_sg"]  # same value, different gradient
   assert loss["soprc_sg_var"] > loss["soprc_sg"]
+  assert loss["untrained"] == 0.0
 
 
 def test_config_rejects_typos_and_unknown_choices(tmp_path):
   config = configs.get_config()
   with pytest.raises(AttributeError):
     config.train.num_step = 3  # locked: a typo fails loudly
-  with pytest.raises(ValueError, match="variant"):
+  with pytest.raises(ValueError, match="allowed keys: runlocal"):
     configs.get_config("big")
   config = configs.get_config("runlocal")
   config.methods = ("soprc", "lambdaloss")
-  with pytest.raises(ConfigError, match="methods"):
-    exp.train_and_evaluate(config, tmp_path)
+  with pytest.raises(ConfigError, match="auprc.method"):
+    exp.run_experiment(config, tmp_path)
+  assert not (tmp_path / "runs").exists()  # every run's config is checked before any trains

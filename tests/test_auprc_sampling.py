@@ -38,6 +38,20 @@ def test_deterministic_in_seed_and_step_only():
   assert not np.array_equal(a.batch(17)[0], a.batch(18)[0])
 
 
+def test_iterator_resumes_from_its_state():
+  labels, _ = _long_tailed_labels()
+  a = ClassBalancedSampler(labels, batch_size=40, seed=11)
+  first = [next(a)[0] for _ in range(3)]
+  np.testing.assert_array_equal(first[2], a.batch(2)[0])
+  saved = a.get_state()
+  after = next(a)[0]
+  b = ClassBalancedSampler(labels, batch_size=40, seed=11)
+  b.set_state(saved)
+  np.testing.assert_array_equal(next(b)[0], after)
+  with pytest.raises(ValueError, match="does not belong"):
+    ClassBalancedSampler(labels, batch_size=40, seed=12).set_state(saved)
+
+
 def test_class_frequencies_follow_weighting():
   labels, sizes = _long_tailed_labels()
   keep = sizes >= 4

@@ -19,6 +19,7 @@ from experiments.sweeps.spec import apply_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = {"recipe.name": "xmc", "dataset.validation_fraction": 0.1}
+RETRIEVAL = {"task": "retrieval"}
 
 # (overrides, the field the error must name, words the message must hold)
 BAD = [
@@ -80,6 +81,23 @@ BAD = [
     ({**RECIPE, "recipe.evaluations": 0}, "recipe.evaluations", ">= 1"),
     ({**RECIPE, "recipe.epochs": 0.0}, "recipe.epochs", "> 0"),
     ({"recipe.name": "xmc"}, "dataset.validation_fraction", "validation split"),
+    ({"task": "ranking"}, "task", "['classification', 'retrieval']"),
+    ({**RETRIEVAL, "auprc.method": "lambdaloss"}, "auprc.method", "'soprc'"),
+    ({**RETRIEVAL, "dataset.name": "delicious"}, "dataset.name", "['bibtex', 'synthetic']"),
+    ({**RETRIEVAL, "dataset.validation_fraction": 0.1}, "dataset.validation_fraction", "must be 0"),
+    ({**RETRIEVAL, "auprc.samples_per_class": 1}, "auprc.samples_per_class", ">= 2"),
+    ({**RETRIEVAL, "auprc.samples_per_class": 5}, "train.batch_size", "multiple of"),
+    ({**RETRIEVAL, "auprc.class_weighting": "inverse"}, "auprc.class_weighting", "'uniform'"),
+    ({**RETRIEVAL, "auprc.recall_ks": (0, 1)}, "auprc.recall_ks", ">= 1"),
+    ({**RETRIEVAL, "auprc.category_rule": "last"}, "auprc.category_rule", "'rarest'"),
+    ({**RETRIEVAL, "auprc.synthetic.num_train_classes": 0}, "auprc.synthetic.num_train_classes", ">= 1"),
+    ({**RETRIEVAL, "auprc.soprc.tau2": 0.0}, "auprc.soprc.tau2", "> 0"),
+    ({**RETRIEVAL, "auprc.soprc.beta": 1.5}, "auprc.soprc.beta", "(0, 1]"),
+    ({**RETRIEVAL, "auprc.soprc.num_aux": 0}, "auprc.soprc.num_aux", ">= 1"),
+    ({**RETRIEVAL, "auprc.soprc.aux_update": "never"}, "auprc.soprc.aux_update", "'before_gradient'"),
+    ({**RETRIEVAL, "auprc.soprc.prior_mul": 2.0}, "auprc.soprc.prior_mul", "[0, 1]"),
+    ({**RETRIEVAL, "auprc.smooth_ap.temperature": 0.0}, "auprc.smooth_ap.temperature", "> 0"),
+    ({**RETRIEVAL, "auprc.triplet.margin": -0.1}, "auprc.triplet.margin", ">= 0"),
 ]
 
 

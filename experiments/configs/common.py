@@ -147,6 +147,60 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.coordinator_address = ""
   c.distributed.num_processes = 0
   c.distributed.process_id = -1
+
+  # ---- the task trained (snm_jax/train/task.py) -------------------------------------------------
+  # classification (the sections above) | retrieval (SOPRC and the other AUPRC losses on
+  # class-balanced embedding batches, snm_jax/train/retrieval.py; experiments/configs/auprc_retrieval.py).
+  # task=retrieval reads: seed, dataset.name (bibtex | synthetic) and dataset.data_dir, model.hidden
+  # and model.out (the MLP tower's widths), optimizer.*, train.*, eval.select_metric, mesh, and
+  # the auprc section; dataset.validation_fraction must be 0.
+  c.task = "classification"
+  c.auprc = ml_collections.ConfigDict()
+  # soprc | soprc_sg | soprc_sg_var | ap_loss | smooth_ap | triplet | contrastive | untrained
+  # (loss 0: the initial tower); see snm_jax/auprc/losses.py.
+  c.auprc.method = "soprc"
+  c.auprc.samples_per_class = 4       # M: items per class in a batch of train.batch_size = G x M.
+  c.auprc.class_weighting = "size"    # Draw classes by size (every point equally often) | uniform.
+  c.auprc.recall_ks = (1, 2, 4, 8)    # Recall@k: a same-category item among the k nearest.
+  # Bibtex: category of a point among its labels: rarest (most specific tag) | first | most_frequent.
+  c.auprc.category_rule = "rarest"
+  c.auprc.tfidf = True                # Bibtex: TF-IDF weighting (IDF from train) before row L2 normalisation.
+  c.auprc.synthetic = ml_collections.ConfigDict()  # dataset.name=synthetic (snm_jax/data/retrieval_tasks.py)
+  c.auprc.synthetic.seed = 1234             # The task's own seed (fixed across run seeds).
+  c.auprc.synthetic.num_train_classes = 100  # Training classes; test classes are new, disjoint ones.
+  c.auprc.synthetic.num_test_classes = 100
+  c.auprc.synthetic.max_class_size = 200    # Size of the largest class; class k has ~max * k^-exponent points.
+  c.auprc.synthetic.zipf_exponent = 1.0     # Long tail of class sizes.
+  c.auprc.synthetic.min_class_size = 6      # Floor on class sizes (>= samples_per_class).
+  c.auprc.synthetic.signal_dim = 16         # Dimensions carrying the class centre.
+  c.auprc.synthetic.nuisance_dim = 48       # Extra high-variance dimensions the tower must learn to ignore.
+  c.auprc.synthetic.within_class_std = 0.8  # Spread of a class around its centre (centres are N(0, I)).
+  c.auprc.synthetic.nuisance_std = 2.0      # Std of the nuisance dimensions.
+  c.auprc.soprc = ml_collections.ConfigDict()
+  c.auprc.soprc.tau1 = 0.1            # One-sided Huber margin (authors' default).
+  c.auprc.soprc.tau2 = 0.001          # One-sided sigmoid temperature (authors' default).
+  c.auprc.soprc.beta = 0.01           # EMA rate of v (paper: 0.001 over far longer training).
+  c.auprc.soprc.num_aux = 32          # Length of each class's v (a fixed quantile grid per class).
+  c.auprc.soprc.init_from_first_batch = True  # A class's first interpolation replaces the uniform init.
+  # before_gradient: v_{t+1} from the batch, then the gradient with v_{t+1} (Algorithm 1 of the paper) |
+  # after_gradient: the gradient with v_t, then v_{t+1} (the order of the first experiment, issue 7).
+  c.auprc.soprc.aux_update = "before_gradient"
+  # Prior pi_k in (1 - pi)/pi: 0 = the true prior (N_k - 1)/(N - 1); > 0 = the authors'
+  # prior_mul: pi_k = prior_mul * N_k / max_k N_k.
+  c.auprc.soprc.prior_mul = 0.0
+  # Semi-variance weights of Eq. 9 (soprc_sg_var only). The authors' (5, 1) collapsed Bibtex to
+  # ~7% mAUPRC in a pilot run; (0.5, 0.1) is neutral.
+  c.auprc.soprc.lambda_pos = 0.5      # lambda1, positives below their mean.
+  c.auprc.soprc.lambda_neg = 0.1      # lambda2, negatives above their mean.
+  c.auprc.ap_loss = ml_collections.ConfigDict()
+  c.auprc.ap_loss.tau1 = 0.1          # Same surrogates as SOPRC.
+  c.auprc.ap_loss.tau2 = 0.001
+  c.auprc.smooth_ap = ml_collections.ConfigDict()
+  c.auprc.smooth_ap.temperature = 0.01  # Sigmoid temperature of Smooth-AP.
+  c.auprc.triplet = ml_collections.ConfigDict()
+  c.auprc.triplet.margin = 0.1        # Cosine margin: s(a, n) + margin <= s(a, p).
+  c.auprc.contrastive = ml_collections.ConfigDict()
+  c.auprc.contrastive.margin = 0.5    # Cosine-distance margin (snm_jax.losses.cosine_contrastive_loss).
   return c
 
 

@@ -10,9 +10,13 @@ from snm_jax.auprc.aux_vector import init_aux_vector
 from snm_jax.auprc.aux_vector import interpolate_to_quantiles
 from snm_jax.auprc.aux_vector import quantile_positions
 from snm_jax.auprc.aux_vector import update_aux_vector
+from snm_jax.auprc.aux_vector import within_group_targets
 from snm_jax.auprc.estimator import ap_loss
 from snm_jax.auprc.estimator import smooth_ap_loss
 from snm_jax.auprc.estimator import soprc_loss
+from snm_jax.auprc.losses import METHODS
+from snm_jax.auprc.losses import batch_loss
+from snm_jax.auprc.losses import class_priors
 from snm_jax.auprc.regularizer import semi_variance
 from snm_jax.auprc.sampling import ClassBalancedSampler
 from snm_jax.auprc.surrogates import one_sided_huber
@@ -20,8 +24,11 @@ from snm_jax.auprc.surrogates import one_sided_sigmoid
 
 __all__ = [
     "AuxVectorState",
+    "METHODS",
     "ClassBalancedSampler",
     "ap_loss",
+    "batch_loss",
+    "class_priors",
     "ema_update",
     "init_aux_vector",
     "interpolate_to_quantiles",
@@ -32,4 +39,5 @@ __all__ = [
     "smooth_ap_loss",
     "soprc_loss",
     "update_aux_vector",
+    "within_group_targets",
 ]

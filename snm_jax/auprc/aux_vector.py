@@ -123,3 +123,13 @@ def update_aux_vector(state: AuxVectorState,
   return AuxVectorState(
       v=state.v.at[class_ids_G].set(new_GxN),
       count=state.count.at[class_ids_G].add(has_G.astype(jnp.int32)))
+
+
+def within_group_targets(scores_BxB: jax.Array, num_groups: int, m: int):
+  """The aux vector's targets in a class-balanced batch (G groups of M items,
+  group-major): each group's positive-pair scores, ((G, M*M) values, (G, M*M)
+  mask of the off-diagonal pairs)."""
+  blocks = scores_BxB.reshape(num_groups, m, num_groups, m)
+  blocks = blocks[jnp.arange(num_groups), :, jnp.arange(num_groups), :]  # (G, M, M)
+  mask = jnp.broadcast_to(~jnp.eye(m, dtype=bool), blocks.shape)
+  return blocks.reshape(num_groups, m * m), mask.reshape(num_groups, m * m)

@@ -18,7 +18,9 @@ class ClassBalancedSampler:
   those with at least samples_per_class members (without replacement, with
   probability proportional to class size or uniform), then samples_per_class
   distinct members of each. Items of group g occupy positions
-  [g M, (g + 1) M) of the batch. Resuming needs nothing but the step.
+  [g M, (g + 1) M) of the batch. Resuming needs nothing but the step: as an
+  iterator (`next`) it yields batch 0, 1, ... and `get_state()` / `set_state()`
+  save and restore that position (bit-exact).
   """
 
   def __init__(self, labels_N, *, samples_per_class: int = 4,
@@ -60,6 +62,25 @@ class ClassBalancedSampler:
     self.samples_per_class = samples_per_class
     self.batch_size = batch_size
     self.seed = seed
+    self.position = 0  # the batch `next` returns
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Tuple[np.ndarray, np.ndarray]:
+    out = self.batch(self.position)
+    self.position += 1
+    return out
+
+  def get_state(self) -> dict:
+    return {"position": self.position, "seed": self.seed}
+
+  def set_state(self, state: dict) -> None:
+    """Restores `get_state()`; raises ValueError for another seed or a bad position."""
+    if state.get("seed") != self.seed or not (isinstance(state.get("position"), int)
+                                              and state["position"] >= 0):
+      raise ValueError(f"sampler state {state} does not belong to this sampler (seed {self.seed})")
+    self.position = state["position"]
 
   def batch(self, step: int) -> Tuple[np.ndarray, np.ndarray]:
     """Returns (indices_B int64, classes_G) of batch number `step`."""

@@ -153,3 +153,17 @@ class WideDeepQuery(nn.Module):
     deep = SNMTower(self.num_features, hidden=self.hidden, out=self.out, dropout=self.dropout,
                     bag_matmul=self.bag_matmul, name="tower")(feat_ids, feat_vals, train=train)
     return jnp.concatenate([wide, deep], axis=-1)
+
+
+class EmbeddingTower(nn.Module):
+  """Dense inputs x (N, d) -> Dense -> ReLU -> Dense -> L2 normalise -> (N, embed_dim).
+
+  The retrieval task's tower (config.task="retrieval"): scores are cosines in [-1, 1].
+  """
+  hidden: int
+  embed_dim: int
+
+  @nn.compact
+  def __call__(self, x):
+    e = nn.Dense(self.embed_dim)(nn.relu(nn.Dense(self.hidden)(x)))
+    return e * jax.lax.rsqrt(jnp.sum(e * e, axis=-1, keepdims=True) + 1e-12)

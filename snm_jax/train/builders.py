@@ -317,12 +317,66 @@ def validate(config, num_labels: int | None = None) -> None:
     _one_of("distributed.initialize", dist.initialize, DISTRIBUTED_MODES)
     _int("distributed.num_processes", dist.num_processes, 0, note=" (0 = from the environment)")
     _int("distributed.process_id", dist.process_id, -1, note=" (-1 = from the environment)")
+  _validate_task(config)
   # ---- with the data: K
   if num_labels is None or auto:
     return
   if num_labels < 2:
     raise ConfigError("dataset.name", f"needs at least 2 labels, got {num_labels}")
   make_loss_spec(config, num_labels)  # vartheta construction errors
+
+
+def _validate_task(config) -> None:
+  """`task` and, for task="retrieval", its fields (the auprc section; snm_jax/train/retrieval.py)."""
+  from snm_jax.train.task import TASKS  # pylint: disable=g-import-not-at-top
+  kind = _field(config, "task", "classification")
+  _one_of("task", kind, TASKS)
+  if kind != "retrieval":
+    return
+  from snm_jax.auprc.losses import METHODS  # pylint: disable=g-import-not-at-top
+  from snm_jax.data import retrieval_tasks  # pylint: disable=g-import-not-at-top
+  a = config.auprc
+  _one_of("dataset.name", config.dataset.name, retrieval_tasks.TASKS)
+  if config.dataset.get("validation_fraction", 0.0):
+    raise ConfigError("dataset.validation_fraction", "task=retrieval has no validation split "
+                      f"(queries and gallery are the test points): must be 0, got "
+                      f"{config.dataset.validation_fraction!r}")
+  _one_of("auprc.method", a.method, METHODS)
+  _int("auprc.samples_per_class", a.samples_per_class, 2, note=" (positive pairs need two)")
+  if config.train.batch_size % a.samples_per_class:
+    raise ConfigError("train.batch_size", f"{config.train.batch_size} must be a multiple of "
+                      f"auprc.samples_per_class={a.samples_per_class} (G classes x M items)")
+  _one_of("auprc.class_weighting", a.class_weighting, ("size", "uniform"))
+  ks = a.recall_ks
+  if not (isinstance(ks, (tuple, list)) and ks and all(_is_int(k) and k >= 1 for k in ks)):
+    raise ConfigError("auprc.recall_ks", f"must be a non-empty tuple of integers >= 1, got {ks!r}")
+  _one_of("auprc.category_rule", a.category_rule, retrieval_tasks.CATEGORY_RULES)
+  _bool("auprc.tfidf", a.tfidf)
+  sy = a.synthetic
+  for name in ("num_train_classes", "num_test_classes", "max_class_size", "min_class_size",
+               "signal_dim"):
+    _int(f"auprc.synthetic.{name}", sy[name], 1)
+  _int("auprc.synthetic.nuisance_dim", sy.nuisance_dim, 0)
+  _int("auprc.synthetic.seed", sy.seed, 0)
+  for name in ("zipf_exponent", "within_class_std", "nuisance_std"):
+    _real(f"auprc.synthetic.{name}", sy[name], 0)
+  so = a.soprc
+  for field, value in (("auprc.soprc.tau1", so.tau1), ("auprc.soprc.tau2", so.tau2),
+                       ("auprc.ap_loss.tau1", a.ap_loss.tau1), ("auprc.ap_loss.tau2", a.ap_loss.tau2),
+                       ("auprc.smooth_ap.temperature", a.smooth_ap.temperature)):
+    _real(field, value, 0, lo_open=True)
+  if not (_is_real(so.beta) and 0 < so.beta <= 1):
+    raise ConfigError("auprc.soprc.beta", f"must be an EMA rate in (0, 1], got {so.beta!r}")
+  _int("auprc.soprc.num_aux", so.num_aux, 1)
+  _bool("auprc.soprc.init_from_first_batch", so.init_from_first_batch)
+  _one_of("auprc.soprc.aux_update", so.aux_update, ("before_gradient", "after_gradient"))
+  if not (_is_real(so.prior_mul) and 0 <= so.prior_mul <= 1):
+    raise ConfigError("auprc.soprc.prior_mul", f"must be in [0, 1] (0 = the true prior), "
+                      f"got {so.prior_mul!r}")
+  _real("auprc.soprc.lambda_pos", so.lambda_pos, 0)
+  _real("auprc.soprc.lambda_neg", so.lambda_neg, 0)
+  _real("auprc.triplet.margin", a.triplet.margin, 0)
+  _real("auprc.contrastive.margin", a.contrastive.margin, 0)
 
 
 def make_vartheta(config, num_labels: int) -> np.ndarray:

@@ -35,6 +35,7 @@ from snm_jax.losses import registry as losses_registry
 from snm_jax.mining import negatives as negatives_lib
 from snm_jax.models.towers import l2_normalize, normalized_row_scores
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
+from snm_jax.train.nonfinite import all_finite
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
 
 P = jax.P
@@ -286,12 +287,7 @@ def _all_finite(loss_value, g_rows, g_pos, params, opt_state):
   and with it the bits of valid runs. With finite values every where() on
   `finite` selects the update: same bits as without the check.
   """
-  finite = jnp.isfinite(loss_value)
-  for leaf in jax.tree.leaves((g_rows, g_pos, params, opt_state)):
-    finite = finite & jnp.all(jnp.isfinite(leaf))
-  if isinstance(opt_state, optax.ApplyIfFiniteState):  # train.on_nonfinite="skip" wraps the optimiser
-    finite = finite & opt_state.last_finite  # it zeroed a non-finite tower gradient's update itself
-  return finite
+  return all_finite(loss_value, g_rows, g_pos, params, opt_state)
 
 
 def _step_metrics(valid_mask, loss_value, per_ex, pos, hardest, n_valid) -> dict:
