@@ -41,7 +41,7 @@ from snm_jax.train import builders
 from snm_jax.train.classification import GlobalBatches
 from snm_jax.train.host import to_host
 from snm_jax.train.nonfinite import all_finite, keep_if_finite, nonfinite_counters
-from snm_jax.train.step import _max_traces  # pylint: disable=protected-access
+from snm_jax.train.step import limit_traces
 from snm_jax.train.task import Task
 
 SCORE_RANGE = (-1.0, 1.0)  # cosine scores of the L2-normalised tower
@@ -132,7 +132,7 @@ def make_retrieval_step(*, tower_apply, tx: optax.GradientTransformation, method
     return new_state, {"loss": loss}
 
   if max_traces is not None:
-    train_step = _max_traces(train_step, max_traces)
+    train_step = limit_traces(train_step, max_traces)
   out_shardings = None if state_shardings is None else (state_shardings, None)
   return jax.jit(train_step, donate_argnums=(0,) if donate else (), out_shardings=out_shardings)
 

@@ -216,7 +216,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     return new_state, _step_metrics(batch["valid"], loss_value, per_ex, pos, hardest, n_valid)
 
   if max_traces is not None:
-    train_step = _max_traces(train_step, max_traces)
+    train_step = limit_traces(train_step, max_traces)
   return jax.jit(train_step, donate_argnums=(0,) if donate else ())
 
 
@@ -254,7 +254,7 @@ def _table_update(negatives, mesh, row_opt: RowOptimizer) -> Callable:
   return update
 
 
-def _max_traces(fn: Callable, n: int) -> Callable:
+def limit_traces(fn: Callable, n: int) -> Callable:
   """`fn`, raising if traced more than `n` times: a recompilation mid-run is a bug.
 
   What chex.assert_max_traces checks, per built step: chex counts the traces of

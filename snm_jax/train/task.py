@@ -32,6 +32,9 @@ import numpy as np
 
 from snm_jax.train.host import to_host
 
+TASKS = ("classification", "retrieval")  # config.task values; their builders: snm_jax.train.tasks
+
+
 class Batches(Protocol):
   """A resumable iterator of global (mesh-sharded) batches."""
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from snm_jax.errors import ConfigError
-from snm_jax.train import classification
-from snm_jax.train.task import Task
+from snm_jax.train import classification, retrieval
+from snm_jax.train.task import TASKS, Task
 
+# config.task -> the module whose `build(config, mesh) -> Task` makes it.
 BUILDERS = {
-    "classification": classification.build,  # sampled-negative extreme classification
+    "classification": classification,  # sampled-negative extreme classification
+    "retrieval": retrieval,            # SOPRC and AUPRC baselines on class-balanced batches
 }
+
+assert set(BUILDERS) == set(TASKS), "every config.task value needs a builder"
 
 
 def build_task(config, mesh) -> Task:
@@ -16,4 +20,4 @@ def build_task(config, mesh) -> Task:
   kind = config.get("task", "classification")
   if kind not in BUILDERS:
     raise ConfigError("task", f"{kind!r} is not one of {sorted(BUILDERS)}")
-  return BUILDERS[kind](config, mesh)
+  return BUILDERS[kind].build(config, mesh)
