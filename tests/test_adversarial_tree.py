@@ -118,12 +118,16 @@ def test_padding_next_to_a_dominant_node_is_never_sampled():
 def test_sampler_adapter_is_a_pytree_and_uses_the_projection():
   raw = _RNG.normal(size=(50, 6)).astype(np.float32)
   proj = adv.fit_projection(raw, 3)
-  sampler = adv.TreeNegativeSampler(adv.random_tree(8, num_labels=10, dim=3, projection=proj))
-  x = sampler.project(jnp.asarray(raw[:3]))
+  sampler = adv.TreeTrainingSampler(adv.random_tree(8, num_labels=10, dim=3, projection=proj),
+                                    num_samples=6)
+  feat_ids = jnp.tile(jnp.arange(6, dtype=jnp.int32), (3, 1))  # the dense rows as padded sparse rows
+  x = sampler.project_sparse(feat_ids, jnp.asarray(raw[:3]))
   np.testing.assert_allclose(x, adv.project(raw[:3], proj), atol=1e-5)
-  step = jax.jit(lambda smp, key, x: smp.sample(key, x, 6))  # the sampler as a jit argument
-  ids, log_q = step(sampler, jax.random.key(9), x)
+  np.testing.assert_allclose(sampler.project_sparse_host(raw[:3]), x, atol=1e-5)
+  draw = jax.jit(lambda smp, key: smp.draw(key, feat_ids, jnp.asarray(raw[:3]), jnp.arange(3)))  # a jit argument
+  ids, log_q, log_q_pos = draw(sampler, jax.random.key(9))
   assert ids.shape == (3, 6) and ids.dtype == jnp.int32 and log_q.dtype == jnp.float32
-  np.testing.assert_allclose(log_q, sampler.log_prob(x, ids), atol=1e-5)
-  np.testing.assert_allclose(log_q, _np_log_prob(sampler.tree, x, range(10))[
-      np.arange(3)[:, None], np.asarray(ids)], atol=1e-5)
+  log_p = _np_log_prob(sampler.tree, x, range(10))
+  # log expected counts among the 6 draws: log(6 p_n(y|x)), for draws and positives alike.
+  np.testing.assert_allclose(log_q, np.log(6) + log_p[np.arange(3)[:, None], np.asarray(ids)], atol=1e-5)
+  np.testing.assert_allclose(log_q_pos, np.log(6) + log_p[np.arange(3), np.arange(3)], atol=1e-5)

@@ -48,7 +48,14 @@ def test_derive_fills_only_auto_fields_from_the_statistics():
   d = recipes.derive(c, stats())
   assert "train.batch_size" not in d and "model.kind" not in d
   assert d["table.learning_rate"] == pytest.approx(0.004 * 128)
-  assert d["loss.logit_scale"] == 10.0
+  assert d["loss.logit_scale"] == 20.0
+  assert (d["model.hidden"], d["model.out"], d["model.dropout"]) == (1024, 512, 0.5)
+  # The linear model's settings for its kind; an explicit tower setting is kept.
+  c.model.dropout = 0.2
+  d = recipes.derive(c, stats())
+  assert "model.dropout" not in d and d["model.hidden"] == 1024
+  assert recipes.kind_settings(c, "wide_deep") == {"model.hidden": 256, "model.out": 128,
+                                                   "loss.logit_scale": 1.0}
 
 
 def test_derive_scales_to_large_outputs_and_small_data():

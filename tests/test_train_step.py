@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from snm_jax import losses
+from snm_jax import losses, sharding
+from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import l2_normalize
 from step_fixtures import B, K, N, V, loss_spec, make
 
@@ -192,3 +193,10 @@ def test_rescored_top_k_gradient_equals_dense_score_gradient(mesh_shape, per_exa
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-6)
   assert np.abs(np.asarray(a.table) - np.asarray(make(mesh_shape)["state"].table)).max() > 1e-3
+
+
+def test_strata_must_fit_the_model_axis():
+  from snm_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from snm_jax.mining import negatives  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match="mining.num_strata.*model size 8"):
+    negatives.for_sampler(StratifiedSampler(K, B, num_strata=4), sharding.make_mesh((1, 8)))

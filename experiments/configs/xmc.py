@@ -16,6 +16,9 @@ are derived from the data's statistics:
                        plus the SNM tower below) while the table K (d + 1 + out) <= 2^28 entries,
                        else the SNM tower alone;
   model.bag_matmul     the tower's input layer as a dense matmul while d <= 2^14, else a gather;
+  model.hidden/out/dropout, loss.logit_scale   per model kind: wide_deep's tower 256/128 with
+                       dropout 0.3, scores x1; the SNM tower alone 1024/512, dropout 0.5, cosine
+                       scores x20 (recipes.KIND_SETTINGS);
   loss / sampler       exact softmax over all labels while K <= 2^14, else sampled softmax with
                        the logQ correction over min(8192, K) uniform negatives;
   train.batch_size     a power of two, 32..512, at most 1/8 of the training points;
@@ -51,11 +54,12 @@ def get_config(arg: str = ""):
   c.recipe.search = "auto"
   c.model.kind = common.one_of("model", args.model, MODELS)
   c.model.bag_matmul = "auto"
-  # The wide-and-deep candidate's tower: narrow, with dropout (chosen on the Bibtex and Delicious
-  # validation splits: 0.3 and 0.5 within noise, both ~1.5 P@1 above the linear model on Delicious).
-  c.model.hidden = 256
-  c.model.out = 128
-  c.model.dropout = 0.3
+  # The query tower's width and dropout, per model kind (recipes.KIND_SETTINGS): wide_deep 256/128
+  # with dropout 0.3 (0.3 and 0.5 within noise on the Bibtex and Delicious validation splits), the SNM
+  # tower alone 1024/512 with dropout 0.5 and scores x20.
+  c.model.hidden = -1
+  c.model.out = -1
+  c.model.dropout = -1.0
   c.optimizer.learning_rate = 0.05
   c.loss.kind = "auto"
   c.mining.sampler = "auto"

@@ -7,15 +7,20 @@ r"""The quality issue's measurements: the xmc recipe and the regularised SNM tow
 Every run is a recipe (experiments/configs/xmc.py): settings derived from the data and
 candidates chosen on a validation split carved from the training file. Points:
   xmc         the recipe as shipped (linear and wide-and-deep candidates x 3 learning rates);
-  tower       the papers' SNM tower alone, with the new regularisation (bag dropout 0.3) and
-              validation-based selection, its table learning rate chosen on validation;
-  tower_nodo  the same tower without dropout (the "before regularisation" learning curves;
+  tower       the papers' SNM tower alone with the recipe's tower settings (1024/512, bag dropout
+              0.5, cosine scores x20: recipes.KIND_SETTINGS) and validation-based selection, its
+              table learning rate chosen on validation;
+  tower_narrow  the tower with the recipe's earlier settings (256/128, dropout 0.3, scores x10):
+              what the width and score scale contribute;
+  tower_nodo  that narrow tower without dropout (the "before regularisation" learning curves;
               selection still applies, and each run's results also hold its last state's metrics).
 """
 
 from experiments.sweeps.spec import Point, Sweep
 
 DATASETS = ("bibtex", "delicious")
+# The SNM tower as the recipe set it before the width / scale change.
+NARROW = {"model.kind": "snm_tower", "model.hidden": 256, "model.out": 128, "loss.logit_scale": 10.0}
 
 
 def get_sweep(arg: str = "bibtex") -> Sweep:
@@ -27,9 +32,10 @@ def get_sweep(arg: str = "bibtex") -> Sweep:
       config=f"experiments/configs/xmc.py:{dataset}",
       points=(
           Point("xmc", {}, "xmc recipe"),
-          Point("tower", {"model.kind": "snm_tower"}, "SNM tower (dropout 0.3, selection)"),
-          Point("tower_nodo", {"model.kind": "snm_tower", "model.dropout": 0.0},
-                "SNM tower (no dropout)"),
+          Point("tower", {"model.kind": "snm_tower"}, "SNM tower (1024/512, dropout 0.5, x20, selection)"),
+          Point("tower_narrow", {**NARROW, "model.dropout": 0.3},
+                "SNM tower (256/128, dropout 0.3, x10, selection)"),
+          Point("tower_nodo", {**NARROW, "model.dropout": 0.0}, "SNM tower (256/128, no dropout, x10)"),
       ),
       seeds=(0, 1, 2),
       notes=(f"{dataset}: 10% of the training file held out for validation (seed 0); every choice "

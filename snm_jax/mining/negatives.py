@@ -40,7 +40,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from snm_jax.mining.samplers import StratifiedSampler, uniform_log_expected_count
+from snm_jax.mining.samplers import StratifiedSampler, check_strata_fit_mesh, uniform_log_expected_count
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
 
 P = jax.P
@@ -123,9 +123,7 @@ class _StratifiedNegatives:
 
   def __init__(self, sampler: StratifiedSampler, mesh, stratum_cdf=None):
     num_model = mesh.shape[MODEL]
-    if sampler.num_strata % num_model:
-      raise ValueError(f"mining.num_strata={sampler.num_strata} must be a multiple of the "
-                       f"mesh's model size {num_model}")
+    check_strata_fit_mesh(sampler.num_strata, num_model)
     self.sampler, self.mesh, self.stratum_cdf = sampler, mesh, stratum_cdf
     self.num_labels, self.num_samples = sampler.num_labels, sampler.num_samples
     self.table_rows = sampler.padded_labels

@@ -42,6 +42,13 @@ def padded_num_labels(num_labels: int, num_strata: int) -> int:
   return -(-num_labels // num_strata) * num_strata
 
 
+def check_strata_fit_mesh(num_strata: int, num_model_shards: int) -> None:
+  """Each model shard must own whole strata (its own rows, the same draws on any mesh)."""
+  if num_strata % num_model_shards:
+    raise ConfigError("mining.num_strata", f"{num_strata} is not a multiple of the mesh's model "
+                      f"size {num_model_shards}")
+
+
 @dataclasses.dataclass(frozen=True)
 class StratifiedSampler:
   """Uniform, or frequency-proportional (unigram: pass `stratum_cdf` to `sample_strata`) stratified sampler.

@@ -9,7 +9,7 @@ import optax
 
 from snm_jax import losses
 from snm_jax.errors import ConfigError
-from snm_jax.mining.samplers import StratifiedSampler, unigram_stratum_cdf
+from snm_jax.mining.samplers import StratifiedSampler, padded_num_labels, unigram_stratum_cdf
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers
 # The override helpers, also under their old home here (experiments/train.py, tests).
@@ -44,6 +44,9 @@ RECIPE_FIELDS = {
     "train.eval_every": "an integer >= 0 (0 = only at the end)",
     "table.learning_rate": "a number > 0",
     "model.bag_matmul": "one of ['gather', 'dense']",
+    "model.hidden": "an integer >= 1",
+    "model.out": "an integer >= 1",
+    "model.dropout": "a rate in [0, 1)",
 }
 TABLE_OPTIMIZERS = ("sgd", "momentum", "adagrad")
 TOWER_OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
@@ -175,14 +178,17 @@ def validate(config, num_labels: int | None = None) -> None:
   if given("model.kind"):
     _one_of("model.kind", m.kind, MODEL_KINDS)
     resolve_normalize_classes(config)  # explicit True with a linear kind
-    if m.kind == "linear" and _field(m, "dropout", 0.0):
+    if m.kind == "linear" and given("model.dropout") and _field(m, "dropout", 0.0):
       raise ConfigError("model.dropout", "model.kind=linear has no hidden layer to drop; "
                         "use model.feature_dropout (or model.kind=snm_tower | wide_deep)")
-  _int("model.hidden", m.hidden, 1)
-  _int("model.out", m.out, 1)
+  if given("model.hidden"):
+    _int("model.hidden", m.hidden, 1)
+  if given("model.out"):
+    _int("model.out", m.out, 1)
   if m.normalize_classes is not None:
     _bool("model.normalize_classes", m.normalize_classes)
-  _rate("model.dropout", _field(m, "dropout", 0.0))
+  if given("model.dropout"):
+    _rate("model.dropout", _field(m, "dropout", 0.0))
   _rate("model.feature_dropout", _field(m, "feature_dropout", 0.0))
   if given("model.bag_matmul"):
     _one_of("model.bag_matmul", _field(m, "bag_matmul", "gather"), BAG_MATMULS)
@@ -415,7 +421,7 @@ def make_sampler(config, num_labels: int, label_counts=None):
     raise ValueError("the tree sampler is fitted to the data: use snm_jax.adversarial.training")
   if m.sampler == "full":
     # Every label once: K_pad / V rows per stratum, drawn as the identity.
-    return StratifiedSampler(num_labels, num_samples=_full_samples(num_labels, m.num_strata),
+    return StratifiedSampler(num_labels, num_samples=padded_num_labels(num_labels, m.num_strata),
                              num_strata=m.num_strata, full=True), None
   sampler = StratifiedSampler(num_labels, m.num_samples, num_strata=m.num_strata,
                               per_example=m.per_example)
@@ -424,10 +430,6 @@ def make_sampler(config, num_labels: int, label_counts=None):
       raise ConfigError("mining.sampler", "unigram sampling needs training label counts")
     return sampler, unigram_stratum_cdf(label_counts, m.num_strata, power=m.unigram_power)
   return sampler, None
-
-
-def _full_samples(num_labels, num_strata):
-  return -(-num_labels // num_strata) * num_strata
 
 
 def resolve_normalize_classes(config) -> bool:

@@ -20,7 +20,7 @@ from snm_jax import sharding
 from snm_jax.data.conversions import conversion_fn
 from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data_slice
 from snm_jax.errors import ConfigError
-from snm_jax.mining.samplers import padded_num_labels
+from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.train import builders
 from snm_jax.train.evaluate import make_evaluate
 from snm_jax.train.run_data import load_run_data
@@ -57,9 +57,7 @@ def build(config, mesh) -> Task:
                run_data.train.features.shape[0],
                run_data.validation.features.shape[0] if run_data.validation is not None else 0,
                run_data.test.features.shape[0], run_data.num_features, num_labels)
-  if config.mining.num_strata % mesh.shape[sharding.MODEL]:
-    raise ConfigError("mining.num_strata", f"{config.mining.num_strata} is not a multiple of "
-                      f"the mesh's model size {mesh.shape[sharding.MODEL]}")
+  check_strata_fit_mesh(config.mining.num_strata, mesh.shape[sharding.MODEL])  # the table init needs it too
 
   tower, dim = builders.make_tower(config, run_data.num_features)
   table_rows = padded_num_labels(num_labels, config.mining.num_strata)
