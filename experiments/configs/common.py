@@ -79,9 +79,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.adv_lambda = 1e-3        # lambda of Bamler & Mandt's Eq. 6 regulariser (loss.kind=adversarial_ns).
 
   c.mining = ml_collections.ConfigDict()
-  # uniform | unigram | full (all labels; small K only) | tree (Bamler & Mandt's adversarial sampler).
+  # uniform | unigram (stratified, with replacement, positives drawn then masked: approximations of
+  # Reddi et al.'s Algorithm 1) | exact (Algorithm 1: B distinct labels per example, uniform over
+  # [K] minus its positives; needs B < K) | full (all labels; small K only) | tree (Bamler & Mandt).
   c.mining.sampler = "uniform"
-  c.mining.per_example = False    # False: B ids shared by the minibatch; True: B per example (Alg. 1).
+  # uniform / unigram only. False: B ids shared by the minibatch; True: B per example (still with
+  # replacement: an approximation of Algorithm 1, see mining.sampler="exact").
+  c.mining.per_example = False
   c.mining.num_samples = 1024     # B.
   c.mining.num_strata = 8         # V: sampling strata; the mesh's model size must divide it.
   c.mining.unigram_power = 1.0    # p(y) ~ count^power for the unigram sampler.

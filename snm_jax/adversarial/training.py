@@ -43,16 +43,17 @@ class TreeTrainingSampler:
     comps = np.asarray(self.tree.proj_components_kxd)
     return project(features, (np.asarray(self.tree.proj_mean_d), comps))
 
-  def draw(self, key, feat_ids, feat_vals, labels_N):
-    """Returns (ids (N, S), log_q (N, S), log_q_pos (N,)).
+  def draw(self, key, batch):
+    """batch: 'feat_ids', 'feat_vals' (N, nnz), 'label' (N,). Returns (ids (N, S), log_q (N, S),
+    log_q_pos (N,)).
 
     As for every sampler of the trainer, log_q is the log *expected count* of
     a label among the example's S draws, log(S p_n(y|x)) here, for draws and
     positives alike (the sampled-softmax / NCE convention); Eq. 6 subtracts log S.
     """
-    x = self.project_sparse(feat_ids, feat_vals)
+    x = self.project_sparse(batch["feat_ids"], batch["feat_vals"])
     ids, log_p = tree_lib.sample_with_log_prob(self.tree, x, key, self.num_samples)
-    log_p_pos = tree_lib.log_prob(self.tree, x, labels_N[:, None])[:, 0]
+    log_p_pos = tree_lib.log_prob(self.tree, x, batch["label"][:, None])[:, 0]
     log_s = jnp.log(float(self.num_samples))
     return ids, log_p + log_s, log_p_pos + log_s
 

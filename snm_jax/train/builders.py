@@ -9,7 +9,7 @@ import optax
 
 from snm_jax import losses
 from snm_jax.errors import ConfigError
-from snm_jax.mining.samplers import StratifiedSampler, unigram_stratum_cdf
+from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, unigram_stratum_cdf
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers
 # The override helpers, also under their old home here (experiments/train.py, tests).
@@ -18,7 +18,7 @@ from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config
 from snm_jax.train.step import LossSpec
 
 LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns", "adversarial_ns", "nce")
-SAMPLERS = ("uniform", "unigram", "full", "tree")
+SAMPLERS = ("uniform", "unigram", "full", "tree", "exact")
 VARTHETAS = ("top_k", "negative_sampling", "power_law")
 REDUCTIONS = ("mean", "s2m")
 MODEL_KINDS = ("snm_tower", "linear", "wide_deep")
@@ -322,6 +322,9 @@ def validate(config, num_labels: int | None = None) -> None:
     return
   if num_labels < 2:
     raise ConfigError("dataset.name", f"needs at least 2 labels, got {num_labels}")
+  if config.mining.sampler == "exact" and not config.mining.num_samples < num_labels:
+    raise ConfigError("mining.num_samples", f"the exact sampler draws B distinct negatives: "
+                      f"B={config.mining.num_samples} must be < K={num_labels}")
   make_loss_spec(config, num_labels)  # vartheta construction errors
 
 
@@ -355,10 +358,13 @@ def make_loss_spec(config, num_labels: int) -> LossSpec:
 
 
 def make_sampler(config, num_labels: int, label_counts=None):
-  """Returns (StratifiedSampler, stratum_cdf or None)."""
+  """Returns (sampler, stratum_cdf or None): a `StratifiedSampler` (uniform, unigram, full;
+  with replacement) or, for "exact", an `ExactSampler` (Algorithm 1: B distinct non-positives)."""
   m = config.mining
   if m.sampler == "tree":
     raise ValueError("the tree sampler is fitted to the data: use snm_jax.adversarial.training")
+  if m.sampler == "exact":
+    return ExactSampler(num_labels, m.num_samples), None
   if m.sampler == "full":
     # Every label once: K_pad / V rows per stratum, drawn as the identity.
     return StratifiedSampler(num_labels, num_samples=_full_samples(num_labels, m.num_strata),
