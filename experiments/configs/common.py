@@ -77,6 +77,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.reduction = "mean"       # mean | s2m (average of the k' largest per-example losses).
   c.loss.k_prime = 0              # k' of S2M; must be <= train.batch_size.
   c.loss.adv_lambda = 1e-3        # lambda of Bamler & Mandt's Eq. 6 regulariser (loss.kind=adversarial_ns).
+  # Drop sampled negatives equal to a positive? None (a typed placeholder): the loss's convention (registry.py):
+  # False for logistic_ns / adversarial_ns / nce (Eq. 2 / Eq. 6 / NCE draw y' ~ p_n with no exclusion;
+  # True is allowed), True (required) for bowl / powl / sampled_softmax / full_softmax.
+  c.loss.mask_accidental_hits = ml_collections.config_dict.placeholder(bool)
 
   c.mining = ml_collections.ConfigDict()
   # uniform | unigram (stratified, with replacement, positives drawn then masked: approximations of

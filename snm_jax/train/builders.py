@@ -9,6 +9,7 @@ import optax
 
 from snm_jax import losses
 from snm_jax.errors import ConfigError
+from snm_jax.losses import registry as losses_registry
 from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, unigram_stratum_cdf
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers
@@ -228,6 +229,14 @@ def validate(config, num_labels: int | None = None) -> None:
   if given("loss.logit_scale"):
     _real("loss.logit_scale", lo.logit_scale, 0, lo_open=True, note=" (scores are multiplied by it)")
   _real("loss.adv_lambda", lo.adv_lambda, 0)
+  mask_hits = _field(lo, "mask_accidental_hits", None)
+  if mask_hits is not None:
+    _bool("loss.mask_accidental_hits", mask_hits)
+    if given("loss.kind"):
+      try:
+        losses_registry.masks_accidental_hits(lo.kind, mask_hits)
+      except ValueError as e:
+        raise ConfigError("loss.mask_accidental_hits", f"{e} (None: the loss's own convention)") from None
   if given("mining.sampler"):
     _one_of("mining.sampler", mi.sampler, SAMPLERS)
   _one_of("mining.vartheta", mi.vartheta, VARTHETAS)
@@ -354,7 +363,8 @@ def make_loss_spec(config, num_labels: int) -> LossSpec:
     head = tuple(float(h - tail) for h in head_arr)
   return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail),
                   logit_scale=float(config.loss.logit_scale), reduction=config.loss.reduction,
-                  k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda))
+                  k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda),
+                  mask_accidental_hits=_field(config.loss, "mask_accidental_hits", None))
 
 
 def make_sampler(config, num_labels: int, label_counts=None):
