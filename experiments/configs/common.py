@@ -104,7 +104,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.adversarial = ml_collections.ConfigDict()
   c.adversarial.pca_dim = 16          # The tree works on PCA-k features (k = 16 in the paper).
   c.adversarial.node_reg = 0.1        # lambda_n of each node's Newton fit.
-  c.adversarial.max_reassign_iters = 10
+  c.adversarial.max_reassign_iters = 1000  # Safety cap: each level re-assigns until no label moves.
   c.adversarial.debias_eval = True    # Predict with xi + log p_n(y|x) (Eq. 5).
 
   c.mesh = ml_collections.ConfigDict()

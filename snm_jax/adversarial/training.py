@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from snm_jax.adversarial import tree as tree_lib
-from snm_jax.adversarial.fit import fit_tree
+from snm_jax.adversarial.fit import LevelReport, fit_tree
 from snm_jax.adversarial.projection import fit_projection, project
 
 
@@ -63,10 +63,12 @@ class TreeTrainingSampler:
 
 
 def fit_tree_sampler(features, labels_N, num_labels: int, *, pca_dim: int, reg: float,
-                     num_samples: int, max_reassign_iters: int = 10) -> TreeTrainingSampler:
-  """PCA-`pca_dim` projection + greedy tree fit on (feature row, label) training pairs."""
+                     num_samples: int, max_reassign_iters: int = 1000
+                     ) -> tuple[TreeTrainingSampler, list[LevelReport]]:
+  """PCA-`pca_dim` projection + greedy tree fit on (feature row, label) training pairs.
+  Returns the sampler and `fit_tree`'s report of each level (rounds, convergence)."""
   projection = fit_projection(features, pca_dim)
   x = project(features, projection)
-  tree, _ = fit_tree(x, np.asarray(labels_N), num_labels, reg=reg,
-                     max_reassign_iters=max_reassign_iters, projection=projection)
-  return TreeTrainingSampler(tree=tree, num_samples=num_samples)
+  tree, reports = fit_tree(x, np.asarray(labels_N), num_labels, reg=reg,
+                           max_reassign_iters=max_reassign_iters, projection=projection)
+  return TreeTrainingSampler(tree=tree, num_samples=num_samples), reports
