@@ -129,7 +129,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None):
   """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
 
-  sampler: a `StratifiedSampler` or a global sampler (the adversarial tree);
+  sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
+    `ExactSampler`: any object with `draw(key, batch)`);
     `snm_jax.mining.negatives.for_sampler` gives its layout on the mesh.
   batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
     'label_set' (N, L) padded -1, 'valid' (N,) bool, 'example_id' (N,) -- all
