@@ -70,11 +70,12 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[st
   xmc = _seeds(root, "xmc")
   xmc_dirs = sorted((root / "xmc").glob("seed*"))
   tower, tower_nodo = _seeds(root, "tower"), _seeds(root, "tower_nodo")
+  tower_narrow = _seeds(root, "tower_narrow")
   rows = [
       _row("**xmc recipe** (this library)", [r["final"] for r in xmc],
            "candidates chosen: " + ", ".join(sorted({r["recipe"]["chosen"] for r in xmc}))),
-      _row("SNM tower, dropout 0.3 + selection (this library)", [r["final"] for r in tower]),
-      _row("SNM tower, no dropout, with selection", [r["final"] for r in tower_nodo]),
+      _row("SNM tower 1024/512, dropout 0.5, scores x20 + selection (this library)",
+           [r["final"] for r in tower]),
   ]
   for peer, label in PEERS.items():
     res = peers.get(name, {}).get("methods", {}).get(peer, {})
@@ -89,7 +90,10 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[st
            [_best_candidate(d, lambda n: n.endswith("learning_rate_x1")) for d in xmc_dirs]),
       _row("xmc, no checkpoint selection (last state)", [r["selected"]["last"] for r in xmc]),
       _row("SNM tower, no checkpoint selection (last state)", [r["selected"]["last"] for r in tower]),
-      _row("SNM tower, no dropout, no selection (last state)",
+      _row("SNM tower 256/128, dropout 0.3, x10 (the earlier settings), with selection",
+           [r["final"] for r in tower_narrow]),
+      _row("SNM tower 256/128, no dropout, x10, with selection", [r["final"] for r in tower_nodo]),
+      _row("SNM tower 256/128, no dropout, x10, no selection (last state)",
            [r["selected"]["last"] for r in tower_nodo]),
       _row("before: experiments/configs/default.py (SNM top-1 tower, no validation)",
            [r["final"] for r in _seeds(before, "default")]),
@@ -102,7 +106,9 @@ def learning_curves(name: str, root: Path, out_dir: Path) -> str | None:
   without dropout."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   runs = {}
-  for point, label in (("tower_nodo", "SNM tower, no dropout"), ("tower", "SNM tower, dropout 0.3")):
+  for point, label in (("tower_nodo", "SNM tower 256/128, no dropout, x10"),
+                       ("tower_narrow", "SNM tower 256/128, dropout 0.3, x10"),
+                       ("tower", "SNM tower 1024/512, dropout 0.5, x20")):
     res_path = root / point / "seed0" / "results.json"
     if not res_path.exists():
       continue

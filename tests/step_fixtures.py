@@ -35,7 +35,10 @@ def loss_spec(kind="bowl", k=4, vartheta=None, reduction="mean", k_prime=0):
                   tail=float(tail), reduction=reduction, k_prime=k_prime)
 
 
-def make(mesh_shape, *, per_example=False, spec=None, row_opt="sgd", table_lr=0.5, tower_lr=0.1):
+def make(mesh_shape, *, per_example=False, spec=None, row_opt="sgd", table_lr=0.5, tower_lr=0.1,
+         sampler=None):
+  """A toy step on `mesh_shape`; `sampler` (default: the stratified one of `per_example`) may be
+  any sampler of `snm_jax.mining.negatives.for_sampler`."""
   mesh = sharding.make_mesh(mesh_shape)
   model = SNMTower(num_features=D, hidden=H, out=H)
   b = toy_batch()
@@ -47,7 +50,7 @@ def make(mesh_shape, *, per_example=False, spec=None, row_opt="sgd", table_lr=0.
       table=jax.device_put(table, sharding.named(mesh, sharding.TABLE)),
       table_state=jax.tree.map(lambda x: jax.device_put(x, sharding.named(mesh, jax.P(sharding.MODEL))),
                                ropt.init(K, H)))
-  sampler = StratifiedSampler(K, B, num_strata=V, per_example=per_example)
+  sampler = sampler or StratifiedSampler(K, B, num_strata=V, per_example=per_example)
   step = make_train_step(tower_apply=model.apply, tx=tx, row_opt=ropt, table_lr=lambda s: table_lr,
                          sampler=sampler, loss=spec or loss_spec(), mesh=mesh,
                          normalize_classes=True, donate=False)

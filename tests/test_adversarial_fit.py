@@ -123,3 +123,33 @@ def test_projection_matches_sklearn_pca_for_dense_and_sparse_input():
   np.testing.assert_allclose(comps_s, comps, atol=1e-5)
   np.testing.assert_allclose(adv.project(scipy.sparse.csr_matrix(dense), (mean_s, comps_s)),
                              adv.project(dense, (mean, comps)), atol=1e-4)
+
+
+def _further_round_moves(tree, x, y, c):
+  """Per level, how many labels one more re-assignment round would move under the fitted
+  tree's own node parameters (recomputed from the tree, not taken from the fit's report)."""
+  xj, yj = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.int32)
+  sums, counts = fit._label_stats(xj, yj, num_labels=c)
+  las = jnp.asarray(tree.label_of_leaf_L)
+  theta = jnp.concatenate([tree.weights_Lxk, tree.biases_L[:, None]], 1)
+  depth = tree.depth
+  return [int(fit._reassign(theta[1 << level:2 << level], las, sums, counts, depth - level)[1])
+          for level in range(depth)]
+
+
+def test_levels_are_fitted_until_no_label_moves(caplog):
+  """The old cap of 10 rounds leaves levels unconverged (and says so, naming them); the default
+  fit runs every level until a further round moves no label."""
+  c = 1000
+  x, y = adv.planted_hierarchy(0, c, 16, 10 * c)
+  with caplog.at_level("WARNING"):
+    capped, capped_reports = adv.fit_tree(x, y, c, max_reassign_iters=10)
+  unconverged = [r.level for r in capped_reports if not r.converged]
+  assert unconverged and all(capped_reports[l].iterations == 10 for l in unconverged)
+  assert any(f"tree level {unconverged[0]}:" in m for m in caplog.messages), caplog.messages
+  assert any(_further_round_moves(capped, x, y, c))
+
+  tree, reports = adv.fit_tree(x, y, c)
+  assert all(r.converged for r in reports), [r.labels_moved_last for r in reports]
+  assert max(r.iterations for r in reports) > 10, [r.iterations for r in reports]
+  assert _further_round_moves(tree, x, y, c) == [0] * tree.depth

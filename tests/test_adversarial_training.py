@@ -70,7 +70,11 @@ def test_adversarial_run_learns_and_reports_log_likelihood(tmp_path):
   c.train.num_steps = 60
   c.train.eval_every = 0
   c.train.checkpoint_every = -1
-  out = train_and_evaluate(c, tmp_path)["final"]
+  results = train_and_evaluate(c, tmp_path)
+  out = results["final"]
+  # The tree's fit is recorded: rounds per level (6 levels for 64 labels), each converged.
+  assert len(results["tree_rounds_per_level"]) == 6 and min(results["tree_rounds_per_level"]) >= 1
+  assert results["tree_levels_converged"] == [True] * 6
   # log-likelihood of a uniform guess is -log 64 = -4.16; the model must beat it clearly.
   assert out["log_likelihood"] > -3.5, out
   assert out["P@1"] > 3 / 64

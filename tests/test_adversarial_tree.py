@@ -124,7 +124,8 @@ def test_sampler_adapter_is_a_pytree_and_uses_the_projection():
   x = sampler.project_sparse(feat_ids, jnp.asarray(raw[:3]))
   np.testing.assert_allclose(x, adv.project(raw[:3], proj), atol=1e-5)
   np.testing.assert_allclose(sampler.project_sparse_host(raw[:3]), x, atol=1e-5)
-  draw = jax.jit(lambda smp, key: smp.draw(key, feat_ids, jnp.asarray(raw[:3]), jnp.arange(3)))  # a jit argument
+  batch = {"feat_ids": feat_ids, "feat_vals": jnp.asarray(raw[:3]), "label": jnp.arange(3)}
+  draw = jax.jit(lambda smp, key: smp.draw(key, batch))  # the sampler as a jit argument
   ids, log_q, log_q_pos = draw(sampler, jax.random.key(9))
   assert ids.shape == (3, 6) and ids.dtype == jnp.int32 and log_q.dtype == jnp.float32
   log_p = _np_log_prob(sampler.tree, x, range(10))

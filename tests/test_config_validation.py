@@ -54,6 +54,7 @@ BAD = [
     ({"mining.num_samples": 0}, "mining.num_samples", ">= 1"),
     ({"mining.k": 0}, "mining.k", "[1, mining.num_samples=64]"),
     ({"mining.vartheta_norm": "median"}, "mining.vartheta_norm", "['mean', 'expectation']"),
+    ({"mining.sampler": "exakt"}, "mining.sampler", "'exact'"),
     ({"loss.phi": "hinj"}, "loss.phi", "hinge"),
     ({"loss.reduction": "s2m", "loss.k_prime": 0}, "loss.k_prime", "[1, train.batch_size=32]"),
     ({"train.checkpoint_every": -2}, "train.checkpoint_every", "-1 = never"),

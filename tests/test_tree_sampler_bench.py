@@ -16,7 +16,8 @@ def test_tree_sampler_benchmark_rows_and_json(tmp_path):
   for row, c in zip(saved["results"], (200,)):
     assert set(tree_sampler.COLUMNS) <= set(row), set(tree_sampler.COLUMNS) - set(row)
     assert row["C"] == c and row["N"] == tree_sampler.POINTS_PER_LABEL * c and row["k"] == 16
-    assert row["depth"] == (c - 1).bit_length() == len(row["reassign_rounds"])
+    assert row["depth"] == (c - 1).bit_length() == len(row["rounds_per_level"])
+    assert all(row["levels_converged"]) and row["unconverged_levels"] == 0
     assert row["fit_s"] > 0 and row["fit_cpu_s"] > 0 and row["fit_peak_rss_bytes"] > 0
     assert row["samples_per_s"] > 0 and row["log_prob_all_queries_per_s"] > 0
     assert row["sample_queries"] == 1024 and row["sample_draws"] == 64

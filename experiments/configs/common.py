@@ -77,11 +77,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.reduction = "mean"       # mean | s2m (average of the k' largest per-example losses).
   c.loss.k_prime = 0              # k' of S2M; must be <= train.batch_size.
   c.loss.adv_lambda = 1e-3        # lambda of Bamler & Mandt's Eq. 6 regulariser (loss.kind=adversarial_ns).
+  # Drop sampled negatives equal to a positive? None (a typed placeholder): the loss's convention (registry.py):
+  # False for logistic_ns / adversarial_ns / nce (Eq. 2 / Eq. 6 / NCE draw y' ~ p_n with no exclusion;
+  # True is allowed), True (required) for bowl / powl / sampled_softmax / full_softmax.
+  c.loss.mask_accidental_hits = ml_collections.config_dict.placeholder(bool)
 
   c.mining = ml_collections.ConfigDict()
-  # uniform | unigram | full (all labels; small K only) | tree (Bamler & Mandt's adversarial sampler).
+  # uniform | unigram (stratified, with replacement, positives drawn then masked: approximations of
+  # Reddi et al.'s Algorithm 1) | exact (Algorithm 1: B distinct labels per example, uniform over
+  # [K] minus its positives; needs B < K) | full (all labels; small K only) | tree (Bamler & Mandt).
   c.mining.sampler = "uniform"
-  c.mining.per_example = False    # False: B ids shared by the minibatch; True: B per example (Alg. 1).
+  # uniform / unigram only. False: B ids shared by the minibatch; True: B per example (still with
+  # replacement: an approximation of Algorithm 1, see mining.sampler="exact").
+  c.mining.per_example = False
   c.mining.num_samples = 1024     # B.
   c.mining.num_strata = 8         # V: sampling strata; the mesh's model size must divide it.
   c.mining.unigram_power = 1.0    # p(y) ~ count^power for the unigram sampler.
@@ -96,7 +104,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.adversarial = ml_collections.ConfigDict()
   c.adversarial.pca_dim = 16          # The tree works on PCA-k features (k = 16 in the paper).
   c.adversarial.node_reg = 0.1        # lambda_n of each node's Newton fit.
-  c.adversarial.max_reassign_iters = 10
+  c.adversarial.max_reassign_iters = 1000  # Safety cap: each level re-assigns until no label moves.
   c.adversarial.debias_eval = True    # Predict with xi + log p_n(y|x) (Eq. 5).
 
   c.mesh = ml_collections.ConfigDict()

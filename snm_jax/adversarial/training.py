@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from snm_jax.adversarial import tree as tree_lib
-from snm_jax.adversarial.fit import fit_tree
+from snm_jax.adversarial.fit import LevelReport, fit_tree
 from snm_jax.adversarial.projection import fit_projection, project
 
 
@@ -43,16 +43,17 @@ class TreeTrainingSampler:
     comps = np.asarray(self.tree.proj_components_kxd)
     return project(features, (np.asarray(self.tree.proj_mean_d), comps))
 
-  def draw(self, key, feat_ids, feat_vals, labels_N):
-    """Returns (ids (N, S), log_q (N, S), log_q_pos (N,)).
+  def draw(self, key, batch):
+    """batch: 'feat_ids', 'feat_vals' (N, nnz), 'label' (N,). Returns (ids (N, S), log_q (N, S),
+    log_q_pos (N,)).
 
     As for every sampler of the trainer, log_q is the log *expected count* of
     a label among the example's S draws, log(S p_n(y|x)) here, for draws and
     positives alike (the sampled-softmax / NCE convention); Eq. 6 subtracts log S.
     """
-    x = self.project_sparse(feat_ids, feat_vals)
+    x = self.project_sparse(batch["feat_ids"], batch["feat_vals"])
     ids, log_p = tree_lib.sample_with_log_prob(self.tree, x, key, self.num_samples)
-    log_p_pos = tree_lib.log_prob(self.tree, x, labels_N[:, None])[:, 0]
+    log_p_pos = tree_lib.log_prob(self.tree, x, batch["label"][:, None])[:, 0]
     log_s = jnp.log(float(self.num_samples))
     return ids, log_p + log_s, log_p_pos + log_s
 
@@ -62,10 +63,12 @@ class TreeTrainingSampler:
 
 
 def fit_tree_sampler(features, labels_N, num_labels: int, *, pca_dim: int, reg: float,
-                     num_samples: int, max_reassign_iters: int = 10) -> TreeTrainingSampler:
-  """PCA-`pca_dim` projection + greedy tree fit on (feature row, label) training pairs."""
+                     num_samples: int, max_reassign_iters: int = 1000
+                     ) -> tuple[TreeTrainingSampler, list[LevelReport]]:
+  """PCA-`pca_dim` projection + greedy tree fit on (feature row, label) training pairs.
+  Returns the sampler and `fit_tree`'s report of each level (rounds, convergence)."""
   projection = fit_projection(features, pca_dim)
   x = project(features, projection)
-  tree, _ = fit_tree(x, np.asarray(labels_N), num_labels, reg=reg,
-                     max_reassign_iters=max_reassign_iters, projection=projection)
-  return TreeTrainingSampler(tree=tree, num_samples=num_samples)
+  tree, reports = fit_tree(x, np.asarray(labels_N), num_labels, reg=reg,
+                           max_reassign_iters=max_reassign_iters, projection=projection)
+  return TreeTrainingSampler(tree=tree, num_samples=num_samples), reports

@@ -67,6 +67,32 @@ LOSSES: dict[str, Callable] = {
 }
 
 
+# Whether a sampled negative equal to one of the example's positives (an accidental hit) is
+# dropped, per loss: the loss's own definition. None in `MASK_ACCIDENTAL_HITS` marks a loss
+# defined with y' ~ p_n over *all* labels, where masking is an option (`loss.mask_accidental_hits`):
+# Bamler & Mandt's Eq. 2 and Eq. 6 (and Theorem 1's optimum xi* = log p_D - log p_n) and NCE
+# (Gutmann & Hyvarinen: noise over all labels, optimum xi* = log p_D) draw negatives with no
+# exclusion, so their default is False. The ordered weighted losses (Algorithm 1: the B negatives
+# exclude the positives) and the softmaxes (the positive is the numerator, once) require True.
+MASK_ACCIDENTAL_HITS: dict[str, bool | None] = {
+    "bowl": True, "powl": True, "sampled_softmax": True, "full_softmax": True,
+    "logistic_ns": None, "adversarial_ns": None, "nce": None,
+}
+
+
+def masks_accidental_hits(kind: str, requested: bool | None = None) -> bool:
+  """Whether loss `kind` drops accidental hits: `requested` (None: the loss's default,
+  False for logistic_ns / adversarial_ns / nce). Raises ValueError for False where the
+  loss requires the mask (see `MASK_ACCIDENTAL_HITS`)."""
+  get_loss(kind)
+  fixed = MASK_ACCIDENTAL_HITS[kind]
+  if requested is None:
+    return bool(fixed) if fixed is not None else False
+  if fixed is not None and bool(requested) != fixed:
+    raise ValueError(f"loss.kind={kind} requires mask_accidental_hits={fixed}")
+  return bool(requested)
+
+
 def get_loss(kind: str) -> Callable:
   """The registered loss of `kind` (see `LOSSES`)."""
   try:

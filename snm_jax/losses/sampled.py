@@ -1,8 +1,8 @@
 """The losses the trainer runs: per-example losses over sampled (optionally label-sharded) scores.
 
 Every function takes the positive scores ``pos`` (N,), the negative scores
-``scores_NxS`` (N, S) with validity ``valid`` (N, S) (False for accidental hits
-and padding draws) and, where the loss needs them, log proposal / log expected
+``scores_NxS`` (N, S) with validity ``valid`` (N, S) (False for padding draws
+and, where the loss masks them, accidental hits: `registry.MASK_ACCIDENTAL_HITS`) and, where the loss needs them, log proposal / log expected
 count arrays (N, S) and (N,). Inside `shard_map`, each model shard holds the
 scores of its share of the sampled negatives (S = S_local) and ``pos`` is
 already replicated over the model axis ``axis_name``. Everything that needs

@@ -24,11 +24,13 @@ Layouts (N examples, S draws, M model shards, h embedding width):
   PerExampleNegatives  S ids per example, each shard drawing its strata's share:
                        ids (N, S) sharded (data, model), rows (n, S/M, h).
                        `StratifiedSampler(per_example=True)`.
-  GlobalNegatives      S ids per example drawn from all labels at once (the
-                       adversarial tree, Bamler & Mandt 2020) outside the
-                       shard_map; every shard gathers and scores the draws it
-                       owns (zeros elsewhere). Any sampler with a
-                       `draw(key, feat_ids, feat_vals, labels)` method.
+  GlobalNegatives      S ids per example drawn from all labels at once
+                       outside the shard_map (the adversarial tree, Bamler &
+                       Mandt 2020; `ExactSampler`, Reddi et al.'s Algorithm 1);
+                       every shard gathers and scores the draws it owns (zeros
+                       elsewhere). Any sampler with a `draw(key, batch)` method
+                       (it reads what it needs of the batch: features, labels,
+                       label sets, example ids).
 `for_sampler` picks the layout of a sampler. A new sampler implements its
 draws and, only if no layout fits, one new class here.
 """
@@ -190,11 +192,13 @@ class PerExampleNegatives(_StratifiedNegatives):
 
 
 class GlobalNegatives:
-  """S draws per example from all K labels at once, outside the shard_map (the tree sampler).
+  """S draws per example from all K labels at once, outside the shard_map (the tree
+  sampler, `ExactSampler`).
 
-  `source.draw(key, feat_ids, feat_vals, labels) -> (ids (N, S), log_q (N, S), log_q_pos (N,))`;
-  ids are replicated over `model` and every shard gathers (and later
-  updates) the rows of the draws its row range holds.
+  `source.draw(key, batch) -> (ids (N, S), log_q (N, S), log_q_pos (N,))`, with the
+  step's batch dict (module docstring of `snm_jax.train.step.make_train_step`);
+  ids are global label ids (>= K: no draw, masked), replicated over `model`, and
+  every shard gathers (and later updates) the rows of the draws its row range holds.
   """
   ids_spec, rows_spec = P(DATA, None), P(MODEL, DATA, None, None)
 
@@ -215,7 +219,7 @@ class GlobalNegatives:
     return rows[None], pos_rows[None], owned[None]
 
   def draw_and_gather(self, table, batch, key) -> Draws:
-    ids, log_q, log_q_pos = self.source.draw(key, batch["feat_ids"], batch["feat_vals"], batch["label"])
+    ids, log_q, log_q_pos = self.source.draw(key, batch)
     rows, pos_rows, owned = jax.shard_map(
         self._gather_owned, mesh=self.mesh, in_specs=(TABLE, BATCH, P(DATA, None)),
         out_specs=(self.rows_spec, P(MODEL, DATA, None), P(MODEL, DATA)))(table, batch["label"], ids)
@@ -240,7 +244,7 @@ class GlobalNegatives:
 
 def for_sampler(sampler, mesh, stratum_cdf=None, table_rows: int | None = None) -> Negatives:
   """The layout of `sampler`: a `StratifiedSampler` (shared or per-example) or any
-  object with `draw(key, feat_ids, feat_vals, labels)` (global), whose table has
+  object with `draw(key, batch)` (global), whose table has
   `table_rows` rows (default: K, the global sampler's labels unpadded)."""
   if isinstance(sampler, StratifiedSampler):
     layout = PerExampleNegatives if sampler.per_example else SharedNegatives

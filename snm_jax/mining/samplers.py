@@ -24,6 +24,11 @@ All ids returned here are *stratum-local* offsets turned into global label
 ids; samplers also return ``log_q``, the log expected number of times the
 label is drawn among the B draws, which the sampled-softmax logQ correction
 needs.
+
+The stratified draws are with replacement from all K labels (the positives
+included, masked afterwards by the step): an approximation of Reddi et al.'s
+Algorithm 1, whose B negatives are distinct and never a positive. `ExactSampler`
+(``mining.sampler="exact"``) draws exactly that, per example, in O(B log B).
 """
 
 from __future__ import annotations
@@ -162,3 +167,105 @@ def unigram_stratum_cdf(label_counts: np.ndarray, num_strata: int, smoothing: fl
   cdf = np.cumsum(w, axis=1) / np.where(mass > 0, mass, 1.0)
   cdf[:, -1] = np.where(mass[:, 0] > 0, 1.0, cdf[:, -1])
   return cdf.reshape(-1).astype(np.float32)
+
+
+def _distinct_uniform(key, num_values, num_samples: int):
+  """min(B, m) distinct integers drawn uniformly from [0, m), m = `num_values` (traced scalar).
+
+  Returns (B,) int32: the draws, then B - min(B, m) trailing -1 (no draw).
+  The set is a uniformly random min(B, m)-subset of [0, m): it is the first B
+  distinct values of one i.i.d. uniform sequence (sequential rejection of
+  repeats), drawn in rounds: each round draws a fresh value for every slot not
+  yet holding a distinct one, and keeps it unless it repeats a value kept
+  earlier or an earlier slot's value of the same round (found by one sort,
+  O(B log B)). With B <= m/2 at least half the open slots fill per round in
+  expectation, so O(log B) rounds; the loop never touches [0, m) itself.
+  """
+  slots = jnp.arange(num_samples, dtype=jnp.int32)
+  target = jnp.minimum(num_samples, num_values)
+  hi = jnp.maximum(num_values, 1)
+
+  def body(carry):
+    vals, done, r = carry
+    cand = jax.random.randint(jax.random.fold_in(key, r), (num_samples,), 0, hi, dtype=jnp.int32)
+    vals = jnp.where(done, vals, cand)
+    # Among equal values the one kept earlier (priority -1) or the lowest open slot wins.
+    order = jnp.lexsort((jnp.where(done, -1, slots), vals))
+    sorted_vals = vals[order]
+    repeat = jnp.concatenate([jnp.zeros((1,), bool), sorted_vals[1:] == sorted_vals[:-1]])
+    keep = jnp.zeros((num_samples,), bool).at[order].set(~repeat)
+    return vals, (done | keep) & (slots < target), r + 1
+
+  init = (jnp.full((num_samples,), -1, jnp.int32), jnp.zeros((num_samples,), bool), jnp.int32(0))
+  vals, _, _ = jax.lax.while_loop(lambda c: jnp.sum(c[1]) < target, body, init)
+  return jnp.where(slots < target, vals, -1)
+
+
+def skip_positives(x, positives_sorted, num_labels: int):
+  """Order-preserving map of x (B,) in [0, K - P) onto [K] minus the P positives.
+
+  positives_sorted: (L,) the distinct positives p_0 < ... < p_{P-1} in [0, K), then
+  padding entries >= K. The x-th (0-based) non-positive label is
+  x + #{j : p_j - j <= x} (p_j - j, the number of non-positives below p_j, is
+  non-decreasing): O(log L) per x.
+  """
+  j = jnp.arange(positives_sorted.shape[0], dtype=positives_sorted.dtype)
+  gaps = jnp.where(positives_sorted < num_labels, positives_sorted - j, num_labels)
+  return x + jnp.searchsorted(gaps, x, side="right").astype(x.dtype)
+
+
+def sorted_distinct_positives(label_set, num_labels: int):
+  """(n, L) label sets (padded with -1, repeats allowed) -> ((n, L) their distinct labels in
+  [0, K) ascending, padded with K; (n,) how many)."""
+  pos = jnp.sort(jnp.where((label_set >= 0) & (label_set < num_labels), label_set, num_labels), axis=-1)
+  repeat = jnp.concatenate([jnp.zeros(pos.shape[:-1] + (1,), bool), pos[..., 1:] == pos[..., :-1]], -1)
+  pos = jnp.sort(jnp.where(repeat, num_labels, pos), axis=-1)
+  return pos, jnp.sum(pos < num_labels, axis=-1).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactSampler:
+  """Reddi et al. (2019) Algorithm 1 exactly: per example i, B *distinct* labels drawn
+  uniformly from [K] minus its positives P_i (`mining.sampler="exact"`).
+
+  Each negative is drawn with probability B / (K - |P_i|) and at most once, so
+  the SNM loss's expectation is the OWL of Lemma 2 (`losses.expected_owl_theta`).
+  Cost per example O(B log B + B log L) (`_distinct_uniform` + `skip_positives`),
+  never O(K). A global sampler (`snm_jax.mining.negatives.GlobalNegatives`): the
+  draws are made outside the shard_map from a key per example id, so they do
+  not depend on the mesh. If K - |P_i| < B, the missing draws are id K
+  (padding, masked by the step).
+
+  Attributes:
+    num_labels: K.
+    num_samples: B, draws per example.
+  """
+  num_labels: int
+  num_samples: int
+
+  def __post_init__(self):
+    if not 1 <= self.num_samples < self.num_labels:
+      raise ConfigError("mining.num_samples", f"B={self.num_samples} must be in [1, K={self.num_labels}) "
+                        "for the exact sampler (B distinct non-positive labels)")
+
+  def draw(self, key, batch):
+    """batch: 'label_set' (N, L) padded -1, 'label' (N,), 'example_id' (N,).
+
+    Returns (ids (N, B) int32, log_q (N, B), log_q_pos (N,)): log_q is the log
+    expected count of a label among the example's B draws, log(B / (K - P_i)),
+    for the draws; log_q_pos is the same value for the positive (the count it
+    would have as a negative: the uniform sampler's convention for the
+    sampled-softmax / NCE correction, as the positive itself is never drawn).
+    """
+    label_set = jnp.concatenate([batch["label_set"], batch["label"][:, None]], axis=-1)
+    positives, num_pos = sorted_distinct_positives(label_set, self.num_labels)
+    m = self.num_labels - num_pos
+
+    def one(k, pos_i, m_i):
+      x = _distinct_uniform(k, m_i, self.num_samples)
+      return jnp.where(x >= 0, skip_positives(jnp.maximum(x, 0), pos_i, self.num_labels), self.num_labels)
+
+    keys = jax.vmap(lambda e: jax.random.fold_in(key, e))(batch["example_id"])
+    ids = jax.vmap(one)(keys, positives, m)
+    log_count = jnp.log(self.num_samples / jnp.maximum(m, 1).astype(jnp.float32))
+    return ids, jnp.broadcast_to(log_count[:, None], ids.shape), log_count

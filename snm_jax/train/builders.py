@@ -9,7 +9,8 @@ import optax
 
 from snm_jax import losses
 from snm_jax.errors import ConfigError
-from snm_jax.mining.samplers import StratifiedSampler, padded_num_labels, unigram_stratum_cdf
+from snm_jax.losses import registry as losses_registry
+from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, padded_num_labels, unigram_stratum_cdf
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers
 # The override helpers, also under their old home here (experiments/train.py, tests).
@@ -18,7 +19,7 @@ from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config
 from snm_jax.train.step import LossSpec
 
 LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns", "adversarial_ns", "nce")
-SAMPLERS = ("uniform", "unigram", "full", "tree")
+SAMPLERS = ("uniform", "unigram", "full", "tree", "exact")
 VARTHETAS = ("top_k", "negative_sampling", "power_law")
 REDUCTIONS = ("mean", "s2m")
 MODEL_KINDS = ("snm_tower", "linear", "wide_deep")
@@ -234,6 +235,14 @@ def validate(config, num_labels: int | None = None) -> None:
   if given("loss.logit_scale"):
     _real("loss.logit_scale", lo.logit_scale, 0, lo_open=True, note=" (scores are multiplied by it)")
   _real("loss.adv_lambda", lo.adv_lambda, 0)
+  mask_hits = _field(lo, "mask_accidental_hits", None)
+  if mask_hits is not None:
+    _bool("loss.mask_accidental_hits", mask_hits)
+    if given("loss.kind"):
+      try:
+        losses_registry.masks_accidental_hits(lo.kind, mask_hits)
+      except ValueError as e:
+        raise ConfigError("loss.mask_accidental_hits", f"{e} (None: the loss's own convention)") from None
   if given("mining.sampler"):
     _one_of("mining.sampler", mi.sampler, SAMPLERS)
   _one_of("mining.vartheta", mi.vartheta, VARTHETAS)
@@ -329,6 +338,9 @@ def validate(config, num_labels: int | None = None) -> None:
     return
   if num_labels < 2:
     raise ConfigError("dataset.name", f"needs at least 2 labels, got {num_labels}")
+  if config.mining.sampler == "exact" and not config.mining.num_samples < num_labels:
+    raise ConfigError("mining.num_samples", f"the exact sampler draws B distinct negatives: "
+                      f"B={config.mining.num_samples} must be < K={num_labels}")
   make_loss_spec(config, num_labels)  # vartheta construction errors
 
 
@@ -411,14 +423,18 @@ def make_loss_spec(config, num_labels: int) -> LossSpec:
     head = tuple(float(h - tail) for h in head_arr)
   return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail),
                   logit_scale=float(config.loss.logit_scale), reduction=config.loss.reduction,
-                  k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda))
+                  k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda),
+                  mask_accidental_hits=_field(config.loss, "mask_accidental_hits", None))
 
 
 def make_sampler(config, num_labels: int, label_counts=None):
-  """Returns (StratifiedSampler, stratum_cdf or None)."""
+  """Returns (sampler, stratum_cdf or None): a `StratifiedSampler` (uniform, unigram, full;
+  with replacement) or, for "exact", an `ExactSampler` (Algorithm 1: B distinct non-positives)."""
   m = config.mining
   if m.sampler == "tree":
     raise ValueError("the tree sampler is fitted to the data: use snm_jax.adversarial.training")
+  if m.sampler == "exact":
+    return ExactSampler(num_labels, m.num_samples), None
   if m.sampler == "full":
     # Every label once: K_pad / V rows per stratum, drawn as the identity.
     return StratifiedSampler(num_labels, num_samples=padded_num_labels(num_labels, m.num_strata),

@@ -62,8 +62,11 @@ def build(config, mesh) -> Task:
   tower, dim = builders.make_tower(config, run_data.num_features)
   table_rows = padded_num_labels(num_labels, config.mining.num_strata)
   t_fit = time.perf_counter()
+  tree_info = {}
   if config.mining.sampler == "tree":
-    sampler, cdf = _fit_tree(config, run_data), None
+    (sampler, reports), cdf = _fit_tree(config, run_data), None
+    tree_info = {"tree_rounds_per_level": [r.iterations for r in reports],
+                 "tree_levels_converged": [r.converged for r in reports]}
   else:
     sampler, cdf = builders.make_sampler(config, num_labels, run_data.label_counts)
   tree_fit_seconds = time.perf_counter() - t_fit if config.mining.sampler == "tree" else 0.0
@@ -99,7 +102,7 @@ def build(config, mesh) -> Task:
   return Task(state=state, train_step=train_step, batches=GlobalBatches(batcher, mesh),
               evaluators=evaluators,
               info={"dataset": run_data.source, "num_labels": num_labels,
-                    "tree_fit_seconds": tree_fit_seconds})  # not included in train_seconds
+                    "tree_fit_seconds": tree_fit_seconds, **tree_info})  # not included in train_seconds
 
 
 def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, max_nnz):
@@ -157,17 +160,19 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, max_nnz):
 
 
 def _fit_tree(config, run_data):
-  """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion."""
+  """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion;
+  returns (sampler, per-level `LevelReport`s)."""
   from snm_jax.adversarial.training import fit_tree_sampler  # pylint: disable=g-import-not-at-top
   if not 0 < config.adversarial.pca_dim <= run_data.num_features:
     raise ConfigError("adversarial.pca_dim", f"{config.adversarial.pca_dim} must be in "
                       f"[1, num_features={run_data.num_features}]")
   rows, labels = conversion_fn(config.dataset.conversion, run_data.train.labels, config.seed)(0)
   t0 = time.perf_counter()
-  sampler = fit_tree_sampler(run_data.train.features[rows], labels, run_data.num_labels,
+  sampler, reports = fit_tree_sampler(run_data.train.features[rows], labels, run_data.num_labels,
                              pca_dim=config.adversarial.pca_dim, reg=config.adversarial.node_reg,
                              num_samples=config.mining.num_samples,
                              max_reassign_iters=config.adversarial.max_reassign_iters)
-  logging.info("adversarial tree fitted on %d pairs, C=%d, in %.1fs", len(labels),
-               run_data.num_labels, time.perf_counter() - t0)
-  return sampler
+  logging.info("adversarial tree fitted on %d pairs, C=%d, in %.1fs; re-assignment rounds per "
+               "level %s", len(labels), run_data.num_labels, time.perf_counter() - t0,
+               [r.iterations for r in reports])
+  return sampler, reports

@@ -79,6 +79,11 @@ class LossSpec:
   phi: margin surrogate (callable).
   logit_scale: scores are multiplied by it before the loss (an inverse softmax temperature).
   reduction: "mean" or "s2m" (average of the top-`k_prime` per-example losses).
+  mask_accidental_hits: drop sampled negatives equal to one of the example's
+    positives (`label_set`). None: the loss's own convention
+    (`losses.registry.masks_accidental_hits`: True for SNM and the softmaxes,
+    False for logistic_ns / adversarial_ns / nce, whose Eq. 2 / Eq. 6 / NCE draw
+    y' ~ p_n over all labels).
   dense_score_grad: SNM only. False (default): when vartheta has no tail the
     k selected scores are recomputed from their gathered rows and only they
     are differentiated (O(N k h) backward). True: the gradient flows through
@@ -94,6 +99,7 @@ class LossSpec:
   k_prime: int = 0
   lam: float = 0.0
   dense_score_grad: bool = False
+  mask_accidental_hits: bool | None = None
 
 
 def _module_has_dropout(module) -> bool:
@@ -124,7 +130,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None):
   """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
 
-  sampler: a `StratifiedSampler` or a global sampler (the adversarial tree);
+  sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
+    `ExactSampler`: any object with `draw(key, batch)`);
     `snm_jax.mining.negatives.for_sampler` gives its layout on the mesh.
   batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
     'label_set' (N, L) padded -1, 'valid' (N,) bool, 'example_id' (N,) -- all
@@ -152,14 +159,16 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   negatives = negatives_lib.for_sampler(sampler, mesh, stratum_cdf, table_rows)
   scorer = _Scorer(loss.logit_scale, normalize_classes)
   per_example_loss = losses_registry.get_loss(loss.kind)
+  mask_hits = losses_registry.masks_accidental_hits(loss.kind, loss.mask_accidental_hits)
 
   # ---- 2. score + loss, per model shard -------------------------------------
   def sharded_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l):
     pos = loss.logit_scale * jax.lax.psum(jnp.sum(q_l * scorer.class_rows(pos_rows_l[0]), axis=-1), MODEL)
     scores, score_at, ids, log_q, mine = negatives.local_scores(q_l, rows_l, ids_l, log_q_l, scorer)
-    hit = jnp.any(ids[:, :, None] == label_set_l[:, None, :], axis=-1)
+    excluded = label_set_l if mask_hits else jnp.full_like(label_set_l, -1)  # padding excludes nothing
+    hit = jnp.any(ids[:, :, None] == excluded[:, None, :], axis=-1)
     valid = (ids < negatives.num_labels) & ~hit & mine
-    n_valid = jax.lax.psum(negatives.valid_count(valid, ids_l, label_set_l), MODEL)
+    n_valid = jax.lax.psum(negatives.valid_count(valid, ids_l, excluded), MODEL)
     per_ex, hardest = per_example_loss(pos, scores, valid, log_q, log_q_pos_l, spec=loss,
                                        num_samples=negatives.num_samples, axis_name=MODEL,
                                        score_at=score_at)
