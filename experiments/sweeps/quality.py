@@ -2,7 +2,7 @@ r"""The quality issue's measurements: the xmc recipe and the regularised SNM tow
 
   python -m experiments.ablate --sweep=experiments/sweeps/quality.py:bibtex --workdir=/tmp/quality/bibtex
   python -m experiments.ablate --sweep=experiments/sweeps/quality.py:delicious --workdir=/tmp/quality/delicious
-  python -m experiments.quality_report --workdirs=/tmp/quality --out=results/quality
+  python -m experiments.quality_report --workdirs=/tmp/quality --out=results/quality.md
 
 Every run is a recipe (experiments/configs/xmc.py): settings derived from the data and
 candidates chosen on a validation split carved from the training file. Points:
