@@ -170,6 +170,18 @@ def test_truncation_is_logged_once_per_epoch(caplog):
              for r in per_epoch)
 
 
+def test_an_evaluation_batcher_logs_its_truncation_once_not_per_pass(caplog):
+  feats, labels = _toy()
+  caplog.set_level(logging.INFO)
+  b = _batcher(feats, labels, log_epochs=False, num_epochs=1, shuffle=False)
+  for _ in range(3):  # three evaluations replay the same single epoch
+    b.set_state({"epoch": 0, "position": 0})
+    n = sum(1 for _ in b)
+    assert n == b.steps_per_epoch(0)
+  assert sum("truncates 2 of 53 rows" in r.getMessage() for r in caplog.records) == 1
+  assert not [r for r in caplog.records if r.getMessage().startswith("epoch ")]
+
+
 def test_make_global_batch_shards_over_the_data_axis():
   feats, labels = _toy()
   local = next(_batcher(feats, labels))

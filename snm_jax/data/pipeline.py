@@ -94,7 +94,7 @@ class SparseBatcher:
                process_index: int | None = None, process_count: int | None = None,
                shuffle: bool = True, drop_remainder: bool = False,
                num_epochs: int | None = None, nnz_percentile: float = 100.0,
-               pad_multiple: int = 8):
+               pad_multiple: int = 8, log_epochs: bool = True):
     """Builds the batcher (the data is held in memory; each process keeps it all).
 
     Args:
@@ -116,6 +116,9 @@ class SparseBatcher:
       shuffle: permute examples every epoch.
       drop_remainder: drop the last partial batch instead of padding it.
       num_epochs: stop after this many epochs (None: forever).
+      log_epochs: log each epoch's truncation counts when it ends (the dataset-wide counts are
+        logged once, at construction, either way). An evaluation batcher, which replays the
+        same single epoch at every evaluation, turns it off.
     """
     self.features = sp.csr_matrix(features, dtype=np.float32)
     self.labels = sp.csr_matrix(labels)
@@ -133,6 +136,7 @@ class SparseBatcher:
     self.local_batch_size = global_batch_size // self.process_count
     self.seed, self.shuffle = seed, shuffle
     self.drop_remainder, self.num_epochs = drop_remainder, num_epochs
+    self.log_epochs = log_epochs
 
     self._eval_mode = examples is None
     if examples is None:
@@ -274,13 +278,14 @@ class SparseBatcher:
     st["epoch_label_sets_truncated"] += int((self._row_labels[rows] > self.max_labels).sum())
     self._position += 1
     if self._position == steps:
-      log = logging.warning if st["epoch_rows_truncated"] or st["epoch_label_sets_truncated"] \
-          else logging.info
-      log("epoch %d (process %d/%d): %d examples; %d truncated to max_nnz=%d "
-          "(%d feature entries dropped); %d label sets truncated to max_labels=%d.",
-          self._epoch, self.process_index, self.process_count, st["epoch_examples"],
-          st["epoch_rows_truncated"], self.max_nnz, st["epoch_nnz_dropped"],
-          st["epoch_label_sets_truncated"], self.max_labels)
+      if self.log_epochs:
+        log = logging.warning if st["epoch_rows_truncated"] or st["epoch_label_sets_truncated"] \
+            else logging.info
+        log("epoch %d (process %d/%d): %d examples; %d truncated to max_nnz=%d "
+            "(%d feature entries dropped); %d label sets truncated to max_labels=%d.",
+            self._epoch, self.process_index, self.process_count, st["epoch_examples"],
+            st["epoch_rows_truncated"], self.max_nnz, st["epoch_nnz_dropped"],
+            st["epoch_label_sets_truncated"], self.max_labels)
       self._epoch, self._position = self._epoch + 1, 0
       self._reset_epoch_stats()
     return batch

@@ -109,7 +109,7 @@ class Evaluator:
     self.num_points = features.shape[0]
     self.batcher = SparseBatcher(features, labels, None, global_batch_size=chunk,
                                  max_nnz=max_nnz, max_labels=max_labels, shuffle=False,
-                                 num_epochs=1, process_index=0, process_count=1)
+                                 num_epochs=1, process_index=0, process_count=1, log_epochs=False)
     self.embed = jax.jit(tower_apply)
     self.with_loglik = with_loglik
     self.retrieve = make_top_k_retrieval(mesh, k=k, num_labels=num_labels, row_block=row_block,
