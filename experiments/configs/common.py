@@ -139,6 +139,15 @@ def base_config() -> ml_collections.ConfigDict:
   # Validation metric that selects the state evaluated on test (needs dataset.validation_fraction > 0).
   c.eval.select_metric = "P@1"
 
+  # Sampler diagnostics on a fixed probe batch (snm_jax/train/diagnostics.py), logged as diag/...:
+  # mining recall@k against exact mining over all K, the rank of the hardest sampled negative,
+  # and the class-table gradient's signal-to-noise ratio over independent negative draws.
+  c.diagnostics = ml_collections.ConfigDict()
+  c.diagnostics.every = 0          # Steps between diagnostics (0 = off).
+  c.diagnostics.probe_size = 64    # The first n training points (divisible by the data axis).
+  c.diagnostics.k = 0              # Mined set / exact hardest set size (0 = mining.k).
+  c.diagnostics.snr_draws = 16     # R negative draws for the gradient SNR (0 = no SNR; else >= 2).
+
   # A recipe derives the fields left at "auto" / -1 from the data and chooses among candidates on
   # the validation split (snm_jax/train/recipes.py; experiments/configs/xmc.py). "" = a plain run.
   c.recipe = ml_collections.ConfigDict()

@@ -324,6 +324,15 @@ def validate(config, num_labels: int | None = None) -> None:
   select = _field(e, "select_metric", "P@1")
   if not (isinstance(select, str) and select):
     raise ConfigError("eval.select_metric", f"must be a metric name such as 'P@1', got {select!r}")
+  # ---- diagnostics
+  diag = _field(config, "diagnostics", None)
+  if diag is not None:
+    _int("diagnostics.every", diag.every, 0, note=" (0 = off)")
+    _int("diagnostics.probe_size", diag.probe_size, 1)
+    _int("diagnostics.k", diag.k, 0, note=" (0 = mining.k)")
+    snr = diag.snr_draws
+    if not (isinstance(snr, int) and not isinstance(snr, bool) and (snr == 0 or snr >= 2)):
+      raise ConfigError("diagnostics.snr_draws", f"must be 0 (off) or an integer >= 2, got {snr!r}")
   # ---- recipe, distributed
   if _field(config, "recipe", None) is not None and config.recipe.get("name", ""):
     _validate_recipe(config)
@@ -355,6 +364,9 @@ def _validate_task(config) -> None:
   from snm_jax.data import retrieval_tasks  # pylint: disable=g-import-not-at-top
   a = config.auprc
   _one_of("dataset.name", config.dataset.name, retrieval_tasks.TASKS)
+  if config.get("diagnostics") is not None and config.diagnostics.every:
+    raise ConfigError("diagnostics.every", "the sampler diagnostics are the classification task's "
+                      f"(task=retrieval samples no negatives): must be 0, got {config.diagnostics.every!r}")
   if config.dataset.get("validation_fraction", 0.0):
     raise ConfigError("dataset.validation_fraction", "task=retrieval has no validation split "
                       f"(queries and gallery are the test points): must be 0, got "

@@ -46,7 +46,7 @@ ON_UNREADABLE = ("restart", "fail")
 RESUMABLE_FIELDS = ("train.num_steps", "train.log_every", "train.eval_every", "train.checkpoint_every",
                     "train.keep_checkpoints", "train.fingerprint", "train.patience",
                     "train.on_nonfinite", "train.max_skipped_steps", "train.on_unreadable_checkpoints",
-                    "eval.", "mesh.", "distributed.", "dataset.data_dir", "recipe.")
+                    "eval.", "diagnostics.", "mesh.", "distributed.", "dataset.data_dir", "recipe.")
 NOT_RESUMABLE = ("eval.select_metric",)
 
 

@@ -22,6 +22,7 @@ from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.train import builders
+from snm_jax.train.diagnostics import make_diagnose, probe_batch
 from snm_jax.train.evaluate import make_evaluate
 from snm_jax.train.run_data import load_run_data
 from snm_jax.train.step import TrainState, make_train_step
@@ -99,8 +100,17 @@ def build(config, mesh) -> Task:
   evaluators = {"test": make_evaluate(config, run_data, "test", **eval_kwargs)}
   if run_data.validation is not None:
     evaluators["validation"] = make_evaluate(config, run_data, "validation", **eval_kwargs)
+  diagnose = None
+  if config.get("diagnostics") is not None and config.diagnostics.every > 0:
+    diagnose = make_diagnose(
+        tower_apply=tower.apply, sampler=sampler, loss=builders.make_loss_spec(config, num_labels),
+        mesh=mesh, normalize_classes=normalize_classes, num_labels=num_labels,
+        probe=probe_batch(run_data.train.features, run_data.train.labels, config.diagnostics.probe_size,
+                          mesh, max_nnz=batcher.max_nnz, max_labels=batcher.max_labels),
+        k=config.diagnostics.k or config.mining.k, snr_draws=config.diagnostics.snr_draws,
+        seed=config.seed, stratum_cdf=cdf_dev, table_rows=table_rows, row_block=config.eval.row_block)
   return Task(state=state, train_step=train_step, batches=GlobalBatches(batcher, mesh),
-              evaluators=evaluators,
+              evaluators=evaluators, diagnostics=diagnose,
               info={"dataset": run_data.source, "num_labels": num_labels,
                     "tree_fit_seconds": tree_fit_seconds, **tree_info})  # not included in train_seconds
 

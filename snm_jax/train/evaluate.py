@@ -64,7 +64,8 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
       num_labels=run_data.num_labels,
       k=max(config.eval.k_max, min(config.eval.recall_r, run_data.num_labels)),
       query_chunk=config.eval.query_chunk, row_block=config.eval.row_block,
-      normalize_classes=normalize_classes, max_nnz=max_nnz, max_labels=max_labels)
+      normalize_classes=normalize_classes, max_nnz=max_nnz, max_labels=max_labels,
+      logit_scale=float(config.loss.logit_scale) if (debias or config.eval.log_likelihood) else 1.0)
   a, b = propensity_ab(config, run_data.train.name)
   propensities = metrics.jain_propensities(run_data.label_counts, run_data.train_file_points, a, b)
   bayes_features = None
@@ -101,7 +102,7 @@ class Evaluator:
   def __init__(self, *, tower_apply: Callable, features, labels, mesh, num_labels: int,
                k: int, query_chunk: int, row_block: int, normalize_classes: bool,
                max_nnz: int, max_labels: int, bias_fn=None, extra_fn=None,
-               with_loglik: bool = False):
+               with_loglik: bool = False, logit_scale: float = 1.0):
     n_data = mesh.shape[DATA]
     # Never pad a small evaluation set up to a large chunk.
     chunk = -(-min(query_chunk, features.shape[0]) // n_data) * n_data
@@ -110,7 +111,10 @@ class Evaluator:
     self.batcher = SparseBatcher(features, labels, None, global_batch_size=chunk,
                                  max_nnz=max_nnz, max_labels=max_labels, shuffle=False,
                                  num_epochs=1, process_index=0, process_count=1, log_epochs=False)
-    self.embed = jax.jit(tower_apply)
+    # The model's logits are logit_scale x (q . row): the scale matters where they are added to
+    # log p_n(y|x) (Eq. 5) or normalised (log-likelihood); P@k and the other rankings ignore it,
+    # and are computed from unscaled scores when neither is asked for.
+    self.embed = jax.jit(lambda *a: logit_scale * tower_apply(*a)) if logit_scale != 1.0 else jax.jit(tower_apply)
     self.with_loglik = with_loglik
     self.retrieve = make_top_k_retrieval(mesh, k=k, num_labels=num_labels, row_block=row_block,
                                          normalize_classes=normalize_classes, bias_fn=bias_fn,

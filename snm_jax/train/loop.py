@@ -112,6 +112,11 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
           logging.info("early stop at step %d: %d evaluations without a better validation %s "
                        "(best %.4f at step %d)", step, progress.evals_since_best,
                        config.eval.select_metric, progress.best_value, progress.best_step)
+      if task.diagnostics is not None and itstime(step, config.diagnostics.every, num_steps):
+        t_diag = time.perf_counter()
+        diag = task.diagnostics(state, step)
+        eval_seconds_segment += time.perf_counter() - t_diag  # not training time either
+        writer.write_scalars(step, {f"diag/{k}": v for k, v in diag.items()}, time.time() - t_start)
       if config.train.checkpoint_every >= 0 and (
           itstime(step, config.train.checkpoint_every, num_steps) or progress.stopped_early):
         _check_finite(state, config, ckpt)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax
 import jax
@@ -124,33 +124,26 @@ class _Scorer:
                          else jnp.einsum("nh,nsh->ns", q, rows_nxSxh))
 
 
-def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
-                    row_opt: RowOptimizer, table_lr: Callable, sampler, loss: LossSpec, mesh,
-                    normalize_classes: bool, stratum_cdf: jax.Array | None = None, donate: bool = True,
-                    table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None):
-  """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
+class LossAndGrads(NamedTuple):
+  """What one forward/backward pass of the step computes (before any update)."""
+  loss: jax.Array         # () the minibatch loss (mean or S2M)
+  per_example: jax.Array  # (N,) per-example losses, 0 at invalid examples
+  pos: jax.Array          # (N,) scaled positive scores
+  hardest: jax.Array      # (N,) the hardest valid sampled negative's score
+  n_valid: jax.Array      # (N,) valid sampled negatives per example
+  g_params: Any           # gradient of the tower's parameters
+  g_rows: jax.Array       # gradient of the gathered rows (`negatives.rows_spec`)
+  g_pos: jax.Array        # (M, N, h) gradient of the positives' rows, per owning shard
+  draws: negatives_lib.Draws
 
-  sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
-    `ExactSampler`: any object with `draw(key, batch)`);
-    `snm_jax.mining.negatives.for_sampler` gives its layout on the mesh.
-  batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
-    'label_set' (N, L) padded -1, 'valid' (N,) bool, 'example_id' (N,) -- all
-    sharded over `data`.
-  table_lr: step -> the row optimiser's learning rate (e.g.
-    `builders.make_table_schedule(config)`); the row-wise weight decay of
-    `row_opt` uses the same value.
-  normalize_classes: a bool (`builders.resolve_normalize_classes(config)`),
-    never the config's None ("auto").
-  dropout: True: the step calls `tower_apply(params, ids, vals, train=True,
-    rngs={"dropout": fold_in(rng, DROPOUT_FOLD_IN)})`; False: it calls
-    `tower_apply(params, ids, vals)` and draws no extra key. None (default):
-    True iff `tower_apply` is a bound `apply` of a module with a nonzero
-    `dropout` or `feature_dropout` field (the models of `snm_jax.models`).
-  max_traces: if set, the step raises when traced (compiled) more often; the
-    loop passes 1: its state is created with the step's output shardings, so
-    one compilation serves the whole run. (A state built on the host, as in
-    tests, is traced once more after the first step commits it to devices.)
-  """
+
+def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh, normalize_classes: bool,
+                        stratum_cdf: jax.Array | None = None, table_rows: int | None = None,
+                        dropout: bool | None = None):
+  """Builds `loss_and_grads(params, table, batch, rng) -> (LossAndGrads, negatives layout)`:
+  steps 1 and 2 of the module docstring (sample + gather, score + loss, backward),
+  unjitted, so the train step and the diagnostics (`snm_jax.train.diagnostics`)
+  share them. Arguments as in `make_train_step`."""
   if normalize_classes is None:
     raise ValueError("normalize_classes=None (config 'auto'): pass "
                      "builders.resolve_normalize_classes(config)")
@@ -188,11 +181,9 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     w = valid.astype(per_ex.dtype)
     return jnp.sum(per_ex * w) / jnp.maximum(jnp.sum(w), 1.0)
 
-  update_table = _table_update(negatives, mesh, row_opt)
-
-  def train_step(state: TrainState, batch, rng):
+  def loss_and_grads(params, table, batch, rng) -> LossAndGrads:
     # ---- 1. sample + gather (no gradient) -------------------------------------
-    draws = negatives.draw_and_gather(state.table, batch, rng)
+    draws = negatives.draw_and_gather(table, batch, rng)
 
     def loss_fn(params, rows, pos_rows):
       if dropout:
@@ -205,16 +196,56 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       per_ex = jnp.where(batch["valid"], per_ex, 0.0)
       return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid)
 
-    (loss_value, (per_ex, pos, hardest, n_valid)), (g_params, g_rows, g_pos) = jax.value_and_grad(
-        loss_fn, argnums=(0, 1, 2), has_aux=True)(state.params, draws.rows, draws.pos_rows)
-    # ---- 3. update; a non-finite loss or gradient drops it (see _keep_finite) --
-    updates, opt_state = tx.update(g_params, state.opt_state, state.params)
+    (loss_value, aux), (g_params, g_rows, g_pos) = jax.value_and_grad(
+        loss_fn, argnums=(0, 1, 2), has_aux=True)(params, draws.rows, draws.pos_rows)
+    return LossAndGrads(loss_value, *aux, g_params, g_rows, g_pos, draws)
+
+  return loss_and_grads, negatives
+
+
+def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
+                    row_opt: RowOptimizer, table_lr: Callable, sampler, loss: LossSpec, mesh,
+                    normalize_classes: bool, stratum_cdf: jax.Array | None = None, donate: bool = True,
+                    table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None):
+  """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
+
+  sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
+    `ExactSampler`: any object with `draw(key, batch)`);
+    `snm_jax.mining.negatives.for_sampler` gives its layout on the mesh.
+  batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
+    'label_set' (N, L) padded -1, 'valid' (N,) bool, 'example_id' (N,) -- all
+    sharded over `data`.
+  table_lr: step -> the row optimiser's learning rate (e.g.
+    `builders.make_table_schedule(config)`); the row-wise weight decay of
+    `row_opt` uses the same value.
+  normalize_classes: a bool (`builders.resolve_normalize_classes(config)`),
+    never the config's None ("auto").
+  dropout: True: the step calls `tower_apply(params, ids, vals, train=True,
+    rngs={"dropout": fold_in(rng, DROPOUT_FOLD_IN)})`; False: it calls
+    `tower_apply(params, ids, vals)` and draws no extra key. None (default):
+    True iff `tower_apply` is a bound `apply` of a module with a nonzero
+    `dropout` or `feature_dropout` field (the models of `snm_jax.models`).
+  max_traces: if set, the step raises when traced (compiled) more often; the
+    loop passes 1: its state is created with the step's output shardings, so
+    one compilation serves the whole run. (A state built on the host, as in
+    tests, is traced once more after the first step commits it to devices.)
+  """
+  loss_and_grads, negatives = make_loss_and_grads(
+      tower_apply=tower_apply, sampler=sampler, loss=loss, mesh=mesh,
+      normalize_classes=normalize_classes, stratum_cdf=stratum_cdf, table_rows=table_rows,
+      dropout=dropout)
+  update_table = make_table_update(negatives, mesh, row_opt)
+
+  def train_step(state: TrainState, batch, rng):
+    out = loss_and_grads(state.params, state.table, batch, rng)
+    # ---- 3. update; a non-finite loss or gradient drops it (see _all_finite) --
+    updates, opt_state = tx.update(out.g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    finite = _all_finite(loss_value, g_rows, g_pos, params, opt_state)
+    finite = _all_finite(out.loss, out.g_rows, out.g_pos, params, opt_state)
     keep_if_bad = lambda new, old: jnp.where(finite, new, old)  # pylint: disable=unnecessary-lambda-assignment
     table, table_state = update_table(
-        state.table, state.table_state, draws.ids, jnp.where(finite, g_rows, 0.0),
-        jnp.where(finite, g_pos, 0.0), draws.owned, batch["label"],
+        state.table, state.table_state, out.draws.ids, jnp.where(finite, out.g_rows, 0.0),
+        jnp.where(finite, out.g_pos, 0.0), out.draws.owned, batch["label"],
         jnp.where(finite, table_lr(state.step), 0.0))
     new_state = state.replace(
         step=state.step + 1, params=jax.tree.map(keep_if_bad, params, state.params),
@@ -222,14 +253,15 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
         table_state=table_state, nonfinite_steps=state.nonfinite_steps + (~finite).astype(jnp.int32),
         first_nonfinite_step=jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step + 1,
                                        state.first_nonfinite_step))
-    return new_state, _step_metrics(batch["valid"], loss_value, per_ex, pos, hardest, n_valid)
+    return new_state, _step_metrics(batch["valid"], out.loss, out.per_example, out.pos, out.hardest,
+                                    out.n_valid)
 
   if max_traces is not None:
     train_step = limit_traces(train_step, max_traces)
   return jax.jit(train_step, donate_argnums=(0,) if donate else ())
 
 
-def _table_update(negatives, mesh, row_opt: RowOptimizer) -> Callable:
+def make_table_update(negatives, mesh, row_opt: RowOptimizer) -> Callable:
   """`update(table, table_state, ids, row_grads, pos_grads, owned, labels, lr)`: the
   row-wise optimiser on the drawn and positive rows, each model shard on its own rows."""
 

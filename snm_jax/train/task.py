@@ -10,7 +10,9 @@
   * `batches`: an iterator of global batches with `get_state()` /
     `set_state(s)` (JSON-able, restored bit-exactly on resume) and `stats`;
   * `evaluators`: `{"test": fn, "validation": fn?}` with `fn(state) -> {metric: value}`;
-  * `info`: extra `results.json` fields (dataset, number of labels, fit time).
+  * `info`: extra `results.json` fields (dataset, number of labels, fit time);
+  * `diagnostics`: optional `fn(state, step) -> {name: float}`, called every
+    `diagnostics.every` steps and logged as `diag/...` (`snm_jax.train.diagnostics`).
 
 and does the rest the same way for all of them: restore, logging, evaluation and
 model selection, checkpoints, non-finite handling, results.
@@ -55,6 +57,7 @@ class Task:
   batches: Batches
   evaluators: dict[str, Callable]
   info: dict = dataclasses.field(default_factory=dict)
+  diagnostics: Callable | None = None
 
 
 def state_fingerprint(state) -> str:

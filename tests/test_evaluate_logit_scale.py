@@ -1,0 +1,37 @@
+"""The evaluator scores with the trained logits, logit_scale x (q . row), where the scale matters:
+the predictive log-likelihood (and Eq. 5's bias, added to the same logits)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse as sp
+
+from snm_jax import sharding
+from snm_jax.train.evaluate import Evaluator
+
+
+def test_log_likelihood_uses_the_logit_scale():
+  rng = np.random.default_rng(0)
+  n, d, k = 12, 6, 40
+  features = sp.csr_matrix(rng.normal(size=(n, d)).astype(np.float32))
+  labels = sp.csr_matrix((np.ones(n, np.float32), rng.integers(0, k, n), np.arange(n + 1)), shape=(n, k))
+  w = rng.normal(size=(d, 5)).astype(np.float32)
+  table = rng.normal(size=(k, 5)).astype(np.float32)
+
+  def tower_apply(params, ids, vals):  # a linear map of the densified rows
+    dense = jnp.zeros((ids.shape[0], d)).at[jnp.arange(ids.shape[0])[:, None], ids].add(vals)
+    return dense @ params
+
+  mesh = sharding.make_mesh((1, 1))
+  got = {}
+  for scale in (1.0, 3.0):
+    ev = Evaluator(tower_apply=tower_apply, features=features, labels=labels, mesh=mesh, num_labels=k, k=5,
+                   query_chunk=8, row_block=16, normalize_classes=True, max_nnz=d, max_labels=1,
+                   with_loglik=True, logit_scale=scale)
+    pred, loglik = ev.predict(jnp.asarray(w), jax.device_put(table, sharding.named(mesh, sharding.TABLE)))
+    got[scale] = (pred, loglik)
+    logits = scale * (features.toarray() @ w) @ (table / np.linalg.norm(table, axis=1, keepdims=True)).T
+    ref = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+    np.testing.assert_allclose(loglik, ref[np.arange(n), labels.indices], rtol=1e-4, atol=1e-4)
+  np.testing.assert_array_equal(got[1.0][0], got[3.0][0])  # the ranking does not depend on the scale
+  assert np.all(got[3.0][1] != got[1.0][1])
