@@ -130,7 +130,7 @@ def mined_softmax_loss(pos, scores, valid, log_q, *, k: int, log_q_pos=0.0, axis
   rankings agree.
 
   Why: with `score_at`, `scores` is only ranked and the k selected scores are
-  recomputed from their gathered rows, so the backward pass costs O(n k h)
+  recomputed from their gathered rows, so the score gradient costs O(n k h)
   instead of the two O(n S h) matmuls of a dense score gradient (as the ordered
   weighted losses' `score_at`). Sharded: a local top-k by o, then the merge of
   the M k candidates (`merge_top_k_across`); the full normaliser is a psum.
