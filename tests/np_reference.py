@@ -41,6 +41,30 @@ def np_sampled_softmax(pos, neg, valid, log_q, log_q_pos):
   return np.asarray(out)
 
 
+def np_mined_softmax(pos, neg, valid, log_q, log_q_pos, k):
+  """Mined sampled softmax, value and gradient w.r.t. the scores. With o = v - log_q and T the k
+  valid negatives of largest o: the value of `np_sampled_softmax`; d/dv_y = e^{o_y}/Z - 1,
+  d/dv_j = e^{o_j}/Z for j in T, 0 elsewhere (Z = e^{o_y} + sum_valid e^{o_j}); the tail mass
+  sum_{valid j not in T} e^{o_j}/Z. Returns (loss (N,), d_pos (N,), d_neg (N, S), tail (N,))."""
+  n, s = neg.shape
+  loss, d_pos, d_neg, tail = np.zeros(n), np.zeros(n), np.zeros((n, s)), np.zeros(n)
+  for i in range(n):
+    o_y = float(pos[i]) - float(log_q_pos[i])
+    cols = [j for j in range(s) if valid[i, j]]
+    o = {j: float(neg[i, j]) - float(log_q[i, j]) for j in cols}
+    m = max([o_y] + list(o.values()))
+    z = math.exp(o_y - m) + sum(math.exp(v - m) for v in o.values())
+    loss[i] = m + math.log(z) - o_y
+    d_pos[i] = math.exp(o_y - m) / z - 1.0
+    top = sorted(cols, key=lambda j: -o[j])[:k]
+    for j in cols:
+      if j in top:
+        d_neg[i, j] = math.exp(o[j] - m) / z
+      else:
+        tail[i] += math.exp(o[j] - m) / z
+  return loss, d_pos, d_neg, tail
+
+
 def np_logistic_ns(pos, neg, valid):
   """Bamler & Mandt Eq. 2, negatives averaged: -log s(v_y) - mean_valid log s(-v_j)."""
   out = []

@@ -16,6 +16,7 @@ P = jax.P
 N, S, M = 4, 16, 4
 LAM, NUM_SAMPLES = 0.3, S
 HEAD_MINUS_TAIL, TAIL = np.array([0.5, 0.25], np.float32), 0.125
+MINED_K = 3
 
 
 def _hinge(x):
@@ -42,6 +43,10 @@ def _fns(axis_name):
       "sampled_softmax": (
           lambda p, s, v, lq, lqp: sampled.sampled_softmax_loss(p, s, v, lq, log_q_pos=lqp, axis_name=axis_name),
           lambda p, s, v, lq, lqp: ref.np_sampled_softmax(p, s, v, lq, lqp)),
+      "mined_softmax": (
+          lambda p, s, v, lq, lqp: sampled.mined_softmax_loss(p, s, v, lq, k=MINED_K, log_q_pos=lqp,
+                                                              axis_name=axis_name)[0],
+          lambda p, s, v, lq, lqp: ref.np_mined_softmax(p, s, v, lq, lqp, MINED_K)[0]),
       "full_softmax": (
           lambda p, s, v, lq, lqp: sampled.sampled_softmax_loss(p, s, v, jnp.zeros_like(s), axis_name=axis_name),
           lambda p, s, v, lq, lqp: ref.np_sampled_softmax(p, s, v, np.zeros_like(s), np.zeros_like(p))),
@@ -66,7 +71,8 @@ def _fns(axis_name):
   }
 
 
-KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns", "adversarial_ns", "nce")
+KINDS = ("bowl", "powl", "sampled_softmax", "mined_softmax", "full_softmax", "logistic_ns", "adversarial_ns",
+         "nce")
 
 
 def test_registry_covers_the_trainer_kinds():
@@ -104,7 +110,7 @@ def test_registry_entry_is_the_sampled_loss(kind):
   """The registry adapter (as the step calls it) returns the sampled loss of its kind."""
   pos, neg, valid, log_q, log_q_pos = map(jnp.asarray, _inputs(2))
   spec = types.SimpleNamespace(kind=kind, head_minus_tail=HEAD_MINUS_TAIL, tail=TAIL, phi=_hinge, lam=LAM,
-                               dense_score_grad=True)
+                               mined_k=MINED_K, dense_score_grad=True)
   per_ex, hardest = registry.get_loss(kind)(pos, neg, valid, log_q, log_q_pos, spec=spec,
                                             num_samples=NUM_SAMPLES, axis_name=None, score_at=None)
   want = _fns(None)[kind][0](pos, neg, valid, log_q, log_q_pos)

@@ -70,7 +70,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.weight_decay = 0.0  # Decoupled weight decay of the tower's kernels and embeddings (not biases); adam -> adamw.
 
   c.loss = ml_collections.ConfigDict()
-  c.loss.kind = "bowl"            # bowl | powl (SNM) | sampled_softmax | full_softmax | logistic_ns.
+  # bowl | powl (SNM) | sampled_softmax | mined_softmax (sampled softmax's value, gradient to the
+  # mining.k largest corrected logits only) | full_softmax | logistic_ns | adversarial_ns | nce.
+  c.loss.kind = "bowl"
   c.loss.phi = "hinge"            # hinge | squared_hinge | logistic | exponential | ramp.
   c.loss.ramp_rho = 1.0           # rho of the ramp surrogate.
   c.loss.logit_scale = 1.0        # Scores are multiplied by this before the loss (inverse softmax temperature).
@@ -79,7 +81,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.adv_lambda = 1e-3        # lambda of Bamler & Mandt's Eq. 6 regulariser (loss.kind=adversarial_ns).
   # Drop sampled negatives equal to a positive? None (a typed placeholder): the loss's convention (registry.py):
   # False for logistic_ns / adversarial_ns / nce (Eq. 2 / Eq. 6 / NCE draw y' ~ p_n with no exclusion;
-  # True is allowed), True (required) for bowl / powl / sampled_softmax / full_softmax.
+  # True is allowed), True (required) for bowl / powl / sampled_softmax / mined_softmax / full_softmax.
   c.loss.mask_accidental_hits = ml_collections.config_dict.placeholder(bool)
 
   c.mining = ml_collections.ConfigDict()
@@ -93,7 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mining.num_samples = 1024     # B.
   c.mining.num_strata = 8         # V: sampling strata; the mesh's model size must divide it.
   c.mining.unigram_power = 1.0    # p(y) ~ count^power for the unigram sampler.
-  c.mining.k = 16                 # Hardest negatives kept (vartheta's support).
+  c.mining.k = 16                 # Hardest negatives kept (vartheta's support; mined_softmax: those with gradient).
   c.mining.vartheta = "top_k"     # top_k | negative_sampling | power_law.
   # Normalisation of vartheta: mean (top_k: 1/k, the average of the k hardest; negative_sampling: 1/B,
   # the average over all B) | expectation ((K-1)/(kB): E[loss] is an OWL, Lemma 2).

@@ -18,6 +18,7 @@ from snm_jax.losses.ranking import masked_top_k, phi_terms
 from snm_jax.losses.s2m import avg_top_k, s2m_loss
 from snm_jax.losses.snm import snm_loss
 from snm_jax.losses.softmax import (
+    mined_softmax,
     nce_loss,
     negative_sampling_loss,
     sampled_softmax,
@@ -44,7 +45,7 @@ from snm_jax.losses.vartheta import (
 __all__ = [
     "PHIS", "avg_top_k", "bowl", "cosine_contrastive_loss", "expected_owl_theta",
     "exponential", "get_phi", "hinge", "logistic",
-    "masked_top_k", "nce_loss", "negative_sampling_loss",
+    "masked_top_k", "mined_softmax", "nce_loss", "negative_sampling_loss",
     "negative_sampling_vartheta", "owl_loss",
     "phi_terms", "power_law_vartheta", "powl", "ramp", "s2m_loss",
     "sampled_softmax", "snm_loss", "softmax_cross_entropy",

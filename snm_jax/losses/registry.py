@@ -4,9 +4,9 @@ Every entry has one signature,
   fn(pos (N,), scores_NxS (N, S), valid (N, S), log_q (N, S), log_q_pos (N,), *,
      spec, num_samples, axis_name, score_at) -> (per-example loss (N,), hardest or None)
 where `spec` is the step's `LossSpec` (kind, head_minus_tail, tail, phi, lam,
-dense_score_grad), `num_samples` the sampler's S, `axis_name` the mesh axis the
+mined_k, dense_score_grad), `num_samples` the sampler's S, `axis_name` the mesh axis the
 negatives are sharded over (None: no mesh) and `score_at` the differentiable
-rescorer of the ordered weighted losses. `hardest` is the top-1 sampled
+rescorer of the ordered weighted losses and the mined softmax. `hardest` is the top-1 sampled
 negative score when the loss computes it anyway (BOWL/POWL), else None.
 """
 
@@ -32,6 +32,14 @@ def _sampled_softmax(pos, scores, valid, log_q, log_q_pos, *, spec, num_samples,
   del spec, num_samples, score_at
   return sampled.sampled_softmax_loss(pos, scores, valid, log_q, log_q_pos=log_q_pos,
                                       axis_name=axis_name), None
+
+
+def _mined_softmax(pos, scores, valid, log_q, log_q_pos, *, spec, num_samples, axis_name, score_at):
+  del num_samples
+  loss, _ = sampled.mined_softmax_loss(pos, scores, valid, log_q, k=spec.mined_k, log_q_pos=log_q_pos,
+                                       axis_name=axis_name,
+                                       score_at=None if spec.dense_score_grad else score_at)
+  return loss, None  # its top-k ranks corrected logits, not scores: the step finds the hardest
 
 
 def _full_softmax(pos, scores, valid, log_q, log_q_pos, *, spec, num_samples, axis_name, score_at):
@@ -60,6 +68,7 @@ LOSSES: dict[str, Callable] = {
     "bowl": _ordered_weighted,
     "powl": _ordered_weighted,
     "sampled_softmax": _sampled_softmax,
+    "mined_softmax": _mined_softmax,
     "full_softmax": _full_softmax,
     "logistic_ns": _logistic_ns,
     "adversarial_ns": _adversarial_ns,
@@ -75,7 +84,7 @@ LOSSES: dict[str, Callable] = {
 # exclusion, so their default is False. The ordered weighted losses (Algorithm 1: the B negatives
 # exclude the positives) and the softmaxes (the positive is the numerator, once) require True.
 MASK_ACCIDENTAL_HITS: dict[str, bool | None] = {
-    "bowl": True, "powl": True, "sampled_softmax": True, "full_softmax": True,
+    "bowl": True, "powl": True, "sampled_softmax": True, "mined_softmax": True, "full_softmax": True,
     "logistic_ns": None, "adversarial_ns": None, "nce": None,
 }
 

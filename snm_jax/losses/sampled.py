@@ -15,7 +15,9 @@ all B negatives is done with O(n k M) or O(n) communication:
   j-th largest sampled score. The first sum needs only the global top-k (a
   local top-k, then an all-gather of k candidates per shard); the second is a
   `psum` of per-shard partial sums.
-* softmax-type losses: a `pmax` and a `psum` of per-shard partial sums.
+* softmax-type losses: a `pmax` and a `psum` of per-shard partial sums; the
+  mined softmax also merges the per-shard top-k of its corrected logits, as
+  the ordered weighted losses do.
 
 With ``axis_name=None`` (no mesh) the collectives are skipped.
 """
@@ -99,6 +101,76 @@ def sampled_softmax_loss(pos, scores, valid, log_q, *, log_q_pos=0.0, axis_name=
   total = _psum(jnp.sum(jnp.where(valid, jnp.exp(logits - m[:, None]), 0.0), axis=-1), axis_name)
   total = total + jnp.exp(pos_logit - m)
   return -(pos_logit - m) + jnp.log(total)
+
+
+def mined_softmax_loss(pos, scores, valid, log_q, *, k: int, log_q_pos=0.0, axis_name=None,
+                       score_at=None):
+  """Mined sampled softmax: sampled softmax whose gradient reaches only the k hardest draws.
+
+  Stochastic negative mining (Reddi et al. 2019) for a coupled loss, which their
+  paper leaves open: with corrected logits o_y = v_y - log(B q_y) and
+  o_j = v_j - log(B q_j) (the logQ convention of `sampled_softmax_loss`: `log_q`
+  are the sampler's log expected counts) and T the k valid draws of largest o_j,
+
+    loss = -o_y + log( e^{o_y} + sum_{j in T} e^{o_j} + sg( sum_{valid j not in T} e^{o_j} ) ),
+
+  sg = stop_gradient. So:
+    * the value is sampled softmax's exactly (the normaliser estimate is still
+      the logQ-corrected one over all B draws: selection changes no value);
+    * the gradient w.r.t. o_y (hence the query through the positive) and w.r.t.
+      o_j, j in T, is sampled softmax's (softmax weights over the full
+      normaliser Z); the B - k draws outside T get none. The gradient dropped
+      is sum_{j not in T} p_j grad(v_j), p_j = e^{o_j} / Z, so its norm is at
+      most tau * max_j |grad(v_j)| with tau = sum_{j not in T} p_j, the tail
+      mass (returned per example);
+    * k >= the number of valid draws: plain sampled softmax, value and gradient.
+  Ranking by o_j rather than v_j makes T the k largest terms of the normaliser,
+  the set of size k with the smallest tail mass tau, i.e. the smallest bound on
+  the dropped gradient; for a uniform q (log q constant per example) the two
+  rankings agree.
+
+  Why: with `score_at`, `scores` is only ranked and the k selected scores are
+  recomputed from their gathered rows, so the score gradient costs O(n k h)
+  instead of the two O(n S h) matmuls of a dense score gradient (as the ordered
+  weighted losses' `score_at`). Sharded: a local top-k by o, then the merge of
+  the M k candidates (`merge_top_k_across`); the full normaliser is a psum.
+
+  Args:
+    pos: (n,) positive scores v_y (replicated over `axis_name`).
+    scores: (n, S) this shard's sampled negative scores.
+    valid: (n, S) bool, False for accidental hits and padding draws.
+    log_q: (n, S) log expected counts log(B q_j) of the draws.
+    k: static number of draws that receive gradient, >= 1.
+    log_q_pos: (n,) or scalar, log(B q_y) of the positive.
+    axis_name: the mesh axis the negatives are sharded over, or None.
+    score_at: optional `idx (n, k) -> (n, k)` recomputing, differentiably, the
+      scores at those positions of `scores`. None: the top-k are gathered from
+      `scores` (the dense reference: same value and gradient).
+  Returns:
+    (loss (n,), tail_mass (n,) tau in [0, 1], no gradient).
+  """
+  pos_logit = pos - log_q_pos
+  logits = jnp.where(valid, scores - log_q, -jnp.inf)
+  fixed = jax.lax.stop_gradient(logits)
+  # The value: `sampled_softmax_loss`'s computation, on logits that carry no gradient.
+  m = _pmax(jnp.max(fixed, axis=-1), axis_name)
+  m = jnp.maximum(m, jax.lax.stop_gradient(pos_logit))
+  total_all = _psum(jnp.sum(jnp.where(valid, jnp.exp(fixed - m[:, None]), 0.0), axis=-1), axis_name)
+  # The gradient: the k largest corrected logits, re-scored (or gathered) differentiably.
+  _, top_valid, idx = masked_top_k(fixed, k, valid)
+  top_scores = (score_at(idx) if score_at is not None
+                else jnp.take_along_axis(scores, idx, axis=-1, mode="clip"))
+  top = top_scores - jnp.take_along_axis(log_q, idx, axis=-1, mode="clip")
+  if axis_name is not None:
+    top, idx, top_valid = merge_top_k_across(top, idx, top_valid, k, axis_name)
+  # Double where: invalid slots hold arbitrary values; exp of a benign one keeps 0 * inf out.
+  safe = jnp.where(top_valid, top, m[:, None])
+  head = jnp.sum(jnp.where(top_valid, jnp.exp(safe - m[:, None]), 0.0), axis=-1)
+  fixed_head = jax.lax.stop_gradient(head)
+  # head - sg(head) is exactly 0: the value is total_all's, the gradient the head's.
+  total = (total_all + (head - fixed_head)) + jnp.exp(pos_logit - m)
+  tail_mass = jnp.maximum(total_all - fixed_head, 0.0) / jax.lax.stop_gradient(total)
+  return -(pos_logit - m) + jnp.log(total), tail_mass
 
 
 def logistic_negative_sampling_loss(pos, scores, valid, *, axis_name=None):

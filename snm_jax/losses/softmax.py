@@ -1,4 +1,4 @@
-"""Softmax-family baselines: full and sampled softmax, negative sampling, NCE.
+"""Softmax-family baselines: full, sampled and mined sampled softmax, negative sampling, NCE.
 
 All per-example functions reduce over the last axis and broadcast over leading
 batch dims: pos_score (...,), neg_scores (..., B). `neg_mask` is True for
@@ -82,6 +82,32 @@ def sampled_softmax(pos_score, neg_scores, log_q_pos, log_q_neg, neg_mask=None):
   pos, neg, valid, (log_q,), lead = _rows(pos_score, neg_scores, neg_mask, log_q_neg)
   out = sampled.sampled_softmax_loss(pos, neg, valid, log_q,
                                      log_q_pos=_pos_rows(log_q_pos, lead, neg.dtype))
+  return out.reshape(lead)
+
+
+def mined_softmax(pos_score, neg_scores, log_q_pos, log_q_neg, k: int, neg_mask=None):
+  """Mined sampled softmax: `sampled_softmax`'s value, gradient to the k hardest draws only.
+
+  With corrected logits o = v - log q(label) and T the k valid negatives of
+  largest o, the loss is
+  -o_y + log(e^{o_y} + sum_{j in T} e^{o_j} + stop_gradient(sum_{valid j not in T} e^{o_j}))
+  (`snm_jax.losses.sampled.mined_softmax_loss`, which documents the estimator
+  and the bound on the gradient it drops). k >= B: `sampled_softmax`.
+
+  Args:
+    pos_score: (...,) positive score v_y.
+    neg_scores: (..., B) sampled negative scores.
+    log_q_pos: (...,) log proposal probability (or expected count) of the positive.
+    log_q_neg: (..., B) the same for the sampled negatives.
+    k: static number of negatives that receive gradient, >= 1.
+    neg_mask: optional (..., B) bool, True for invalid negatives.
+
+  Returns:
+    (...,) losses.
+  """
+  pos, neg, valid, (log_q,), lead = _rows(pos_score, neg_scores, neg_mask, log_q_neg)
+  out, _ = sampled.mined_softmax_loss(pos, neg, valid, log_q, k=k,
+                                      log_q_pos=_pos_rows(log_q_pos, lead, neg.dtype))
   return out.reshape(lead)
 
 

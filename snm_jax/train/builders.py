@@ -18,7 +18,8 @@ from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config
                                      is_auto, parse_search, unknown_field_error)
 from snm_jax.train.step import LossSpec
 
-LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "full_softmax", "logistic_ns", "adversarial_ns", "nce")
+LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "mined_softmax", "full_softmax", "logistic_ns",
+              "adversarial_ns", "nce")
 SAMPLERS = ("uniform", "unigram", "full", "tree", "exact")
 VARTHETAS = ("top_k", "negative_sampling", "power_law")
 REDUCTIONS = ("mean", "s2m")
@@ -258,7 +259,8 @@ def validate(config, num_labels: int | None = None) -> None:
     b = mi.num_samples
     if not (_is_int(b) and b >= 1):
       raise ConfigError("mining.num_samples", f"B must be an integer >= 1, got {b!r}")
-    if given("loss.kind") and lo.kind in ("bowl", "powl") and not (_is_int(mi.k) and 1 <= mi.k <= b):
+    if (given("loss.kind") and lo.kind in ("bowl", "powl", "mined_softmax")
+        and not (_is_int(mi.k) and 1 <= mi.k <= b)):
       raise ConfigError("mining.k", f"k={mi.k!r} must be in [1, mining.num_samples={b}]")
   if given("mining.sampler", "loss.kind"):
     if mi.sampler == "full":
@@ -270,10 +272,10 @@ def validate(config, num_labels: int | None = None) -> None:
       raise ConfigError("loss.kind", "adversarial_ns (Eq. 6) needs mining.sampler='tree'")
     if lo.kind == "nce" and mi.sampler not in ("uniform", "tree"):
       raise ConfigError("loss.kind", "nce needs mining.sampler='uniform' or 'tree'")
-    if mi.sampler == "tree" and lo.kind in ("sampled_softmax", "full_softmax"):
+    if mi.sampler == "tree" and lo.kind in ("sampled_softmax", "mined_softmax", "full_softmax"):
       raise ConfigError("mining.sampler", f"the tree sampler does not support loss.kind={lo.kind}")
-    if lo.kind == "sampled_softmax" and mi.sampler == "unigram":
-      raise ConfigError("loss.kind", "sampled_softmax's logQ correction of the positive is "
+    if lo.kind in ("sampled_softmax", "mined_softmax") and mi.sampler == "unigram":
+      raise ConfigError("loss.kind", f"{lo.kind}'s logQ correction of the positive is "
                         "implemented for the uniform sampler only")
   if given("mining.sampler") and mi.sampler == "tree":
     a = config.adversarial
@@ -433,7 +435,8 @@ def make_loss_spec(config, num_labels: int) -> LossSpec:
     phi = losses.get_phi(config.loss.phi, **kwargs)
     head_arr, tail = losses.split_vartheta(make_vartheta(config, num_labels))
     head = tuple(float(h - tail) for h in head_arr)
-  return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail),
+  mined_k = int(config.mining.k) if kind == "mined_softmax" else 0
+  return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail), mined_k=mined_k,
                   logit_scale=float(config.loss.logit_scale), reduction=config.loss.reduction,
                   k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda),
                   mask_accidental_hits=_field(config.loss, "mask_accidental_hits", None))

@@ -73,6 +73,7 @@ class LossSpec:
   """Static description of the per-example loss.
 
   kind: "bowl" | "powl" (SNM with weights vartheta) | "sampled_softmax" |
+    "mined_softmax" (sampled softmax, gradient to the `mined_k` hardest draws only) |
     "full_softmax" | "logistic_ns" (Bamler & Mandt Eq. 2) | "adversarial_ns"
     (their Eq. 6, with regulariser weight `lam`; needs the tree sampler) | "nce".
   head_minus_tail, tail: vartheta split as head (first k) + constant tail.
@@ -84,11 +85,13 @@ class LossSpec:
     (`losses.registry.masks_accidental_hits`: True for SNM and the softmaxes,
     False for logistic_ns / adversarial_ns / nce, whose Eq. 2 / Eq. 6 / NCE draw
     y' ~ p_n over all labels).
-  dense_score_grad: SNM only. False (default): when vartheta has no tail the
+  dense_score_grad: SNM and mined_softmax. False (default): when vartheta has no tail the
     k selected scores are recomputed from their gathered rows and only they
     are differentiated (O(N k h) backward). True: the gradient flows through
     all N x S scores (two O(N S h) matmuls) -- the same gradient, kept as the
     reference the benchmarks compare with.
+  mined_k: mined_softmax only: k, how many sampled negatives (the largest
+    corrected logits) receive gradient (`losses.sampled.mined_softmax_loss`).
   """
   kind: str
   phi: Callable | None = None
@@ -100,6 +103,7 @@ class LossSpec:
   lam: float = 0.0
   dense_score_grad: bool = False
   mask_accidental_hits: bool | None = None
+  mined_k: int = 0
 
 
 def _module_has_dropout(module) -> bool:
