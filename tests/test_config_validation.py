@@ -48,7 +48,7 @@ BAD = [
     ({"eval.psp_a": 0.0}, "eval.psp_a", "> 0"),
     ({"train.batch_size": 0}, "train.batch_size", ">= 1"),
     ({"train.batch_size": -1}, "train.batch_size", "only a recipe resolves"),
-    ({"model.kind": "auto"}, "model.kind", "['snm_tower', 'linear', 'wide_deep']"),
+    ({"model.kind": "auto"}, "model.kind", "['snm_tower', 'linear', 'wide_deep', 'mlp']"),
     ({"dataset.conversion": "sample_one"}, "dataset.conversion", "'sample_one_positive'"),
     ({"dataset.validation_fraction": 1.0}, "dataset.validation_fraction", "[0, 1)"),
     ({"mining.num_samples": 0}, "mining.num_samples", ">= 1"),

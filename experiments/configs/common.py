@@ -17,7 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0                      # Drives init, sampling and data order; same seed -> same bits.
 
   c.dataset = ml_collections.ConfigDict()
-  c.dataset.name = "bibtex"       # A dataset in ../shared/data or the cache, or "synthetic".
+  c.dataset.name = "bibtex"       # A dataset in ../shared/data or the cache, "synthetic", or "files" (below).
   c.dataset.data_dir = ""         # Overrides the search path for real datasets.
   # Multilabel -> multiclass conversion of the training set:
   # sample_one_positive (SNM paper) | expand_all_positives (S2M) | first_label (Bamler & Mandt) | smallest_label_drop_empty.
@@ -36,18 +36,30 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.synthetic.num_test = 2000
   c.dataset.synthetic.dim = 64               # Feature dimension.
   c.dataset.synthetic.seed = 1234            # The problem's own seed (fixed across run seeds).
+  # dataset.name = "files": the four files below (snm_jax/data/array_files.py). Features: .npy (N, d) dense |
+  # .npz (a scipy.sparse matrix from scipy.sparse.save_npz, or a dense array) | XC sparse text (trn_X_Xf.txt's
+  # format). Labels: .npz (scipy.sparse (N, K), each stored nonzero a positive) | XC label text (trn_X_Y.txt's).
+  # Test d and K must equal the training ones; dataset.validation_fraction carves from the training files.
+  c.dataset.files = ml_collections.ConfigDict()
+  c.dataset.files.train_features = ""
+  c.dataset.files.train_labels = ""
+  c.dataset.files.test_features = ""
+  c.dataset.files.test_labels = ""
 
   c.model = ml_collections.ConfigDict()
   # snm_tower (EmbeddingBag -> ReLU -> Dense -> L2; large d) | linear (Bamler & Mandt) |
   # wide_deep (q = [x, 1, tower(x)]: linear + tower). linear / wide_deep use a K x (d + 1 [+ out]) table: moderate d.
+  # mlp (dense inputs, e.g. image / text embeddings: x (N, d) -> [Dense(hidden) -> ReLU -> dropout] x
+  # num_hidden_layers -> Dense(out) -> L2; batches of dense rows, sparse data is densified).
   c.model.kind = "snm_tower"
-  c.model.hidden = 512            # Embedding-bag width.
+  c.model.hidden = 512            # Embedding-bag width (mlp: width of each hidden layer).
+  c.model.num_hidden_layers = 1   # model.kind=mlp only: hidden layers (0 = a linear map, then L2).
   c.model.out = 512               # Query / class embedding width h.
   # Score with L2-normalised class rows (cosines in [-1, 1]). Unset = auto: True for snm_tower, False for
   # linear / wide_deep (True is an error there). A typed placeholder: --config.model.normalize_classes=False parses.
   c.model.normalize_classes = ml_collections.config_dict.placeholder(bool)
-  c.model.dropout = 0.0           # Dropout rate on the tower's bag output (after the ReLU); training only, [0, 1).
-  c.model.feature_dropout = 0.0   # Rate of dropping input nonzeros in training (kept ones scaled by 1/(1-rate)), [0, 1).
+  c.model.dropout = 0.0           # Dropout rate on the tower's bag output (mlp: after each hidden ReLU); training only, [0, 1).
+  c.model.feature_dropout = 0.0   # Rate of dropping input nonzeros (mlp: input entries) in training (kept ones scaled by 1/(1-rate)), [0, 1).
   # Tower input layer: gather (cost independent of d; for large d) | dense (densified input x table: faster for d <~ 10^4).
   c.model.bag_matmul = "gather"
 

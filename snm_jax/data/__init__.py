@@ -25,6 +25,7 @@ from snm_jax.data.download import load_or_download
 from snm_jax.data.download import mulan_to_xc
 from snm_jax.data.download import read_mulan_arff
 from snm_jax.data.download import register_dataset
+from snm_jax.data.pipeline import DenseBatcher
 from snm_jax.data.pipeline import DevicePrefetcher
 from snm_jax.data.pipeline import SparseBatcher
 from snm_jax.data.pipeline import choose_max_nnz

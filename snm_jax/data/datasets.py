@@ -39,7 +39,8 @@ class XCDataset:
   """One split of a multi-label dataset.
 
   Attributes:
-    features: CSR float32 (N, d).
+    features: CSR float32 (N, d), or a dense float32 ndarray (N, d) (dense
+      feature files, `snm_jax.data.array_files`).
     labels: CSR float32 (N, K), value 1 at each positive; a row's stored ids
       are its label set in file order.
     name: dataset name, e.g. "bibtex".
@@ -47,7 +48,7 @@ class XCDataset:
     label_names: optional list of K names.
     path: file the split was read from, if any.
   """
-  features: sp.csr_matrix
+  features: sp.csr_matrix | np.ndarray
   labels: sp.csr_matrix
   name: str
   split: str
@@ -79,8 +80,13 @@ class XCDataset:
   def __repr__(self):
     return (f"XCDataset({self.name}/{self.split}: N={self.num_points}, "
             f"d={self.num_features}, K={self.num_labels}, "
-            f"nnz/pt={self.features.nnz / max(self.num_points, 1):.2f}, "
+            f"nnz/pt={num_nonzero(self.features) / max(self.num_points, 1):.2f}, "
             f"labels/pt={self.labels.nnz / max(self.num_points, 1):.3f})")
+
+
+def num_nonzero(features) -> int:
+  """Stored entries of a CSR matrix, or nonzeros of a dense array."""
+  return int(features.nnz) if sp.issparse(features) else int(np.count_nonzero(features))
 
 
 def cache_dir() -> Path:

@@ -1,4 +1,5 @@
-"""Input pipeline: fixed-shape padded sparse batches, per-process slices, device prefetch.
+"""Input pipeline: fixed-shape batches (padded sparse rows, or dense rows), per-process
+slices, device prefetch.
 
 Each global batch b of epoch e is the slice [b*G, (b+1)*G) of a permutation of
 the epoch's examples, drawn from `default_rng([seed, epoch])`; process p of P
@@ -22,6 +23,7 @@ from snm_jax.data import conversions
 
 Examples = tuple[np.ndarray, np.ndarray]
 BATCH_KEYS = ("feat_ids", "feat_vals", "label", "label_set", "valid", "example_id")
+DENSE_BATCH_KEYS = ("features", "label", "label_set", "valid", "example_id")
 
 
 def choose_max_nnz(row_nnz: np.ndarray, percentile: float = 100.0, multiple_of: int = 8) -> int:
@@ -120,7 +122,7 @@ class SparseBatcher:
         logged once, at construction, either way). An evaluation batcher, which replays the
         same single epoch at every evaluation, turns it off.
     """
-    self.features = sp.csr_matrix(features, dtype=np.float32)
+    self._set_features(features)
     self.labels = sp.csr_matrix(labels)
     if self.features.shape[0] != self.labels.shape[0]:
       raise ValueError(f"features have {self.features.shape[0]} rows, labels "
@@ -153,15 +155,12 @@ class SparseBatcher:
         raise ValueError("example_index and label must have the same shape")
       self._examples_fn = lambda epoch: fixed
 
-    self._row_nnz = np.diff(self.features.indptr)
     self._row_labels = np.diff(self.labels.indptr)
-    self.max_nnz = (choose_max_nnz(self._row_nnz, nnz_percentile, pad_multiple)
-                    if max_nnz == "auto" else int(max_nnz))
+    self._set_max_nnz(max_nnz, nnz_percentile, pad_multiple)
     self.max_labels = (choose_max_nnz(self._row_labels, 100.0, pad_multiple)
                        if max_labels == "auto" else int(max_labels))
     if self.max_nnz < 1 or self.max_labels < 1:
       raise ValueError("max_nnz and max_labels must be >= 1")
-    self._feat = truncate_rows(self.features, self.max_nnz, by_magnitude=True)
     self._labs = truncate_rows(self.labels, self.max_labels, by_magnitude=False)
 
     over = self._row_nnz > self.max_nnz
@@ -172,14 +171,14 @@ class SparseBatcher:
         "dataset_rows": int(self.features.shape[0]),
         "dataset_rows_truncated": int(over.sum()),
         "dataset_nnz_dropped": int((self._row_nnz - self.max_nnz)[over].sum()),
-        "dataset_nnz": int(self.features.nnz),
+        "dataset_nnz": int(self._row_nnz.sum()),
         "dataset_label_sets_truncated": int(over_l.sum()),
         "dataset_labels_dropped": int((self._row_labels - self.max_labels)[over_l].sum()),
     }
     log = logging.warning if over.any() or over_l.any() else logging.info
-    log("SparseBatcher: max_nnz=%d truncates %d of %d rows (%d of %d feature entries "
+    log("%s: max_nnz=%d truncates %d of %d rows (%d of %d feature entries "
         "dropped); max_labels=%d truncates %d label sets (%d labels dropped).",
-        self.max_nnz, self._dataset_stats["dataset_rows_truncated"],
+        type(self).__name__, self.max_nnz, self._dataset_stats["dataset_rows_truncated"],
         self._dataset_stats["dataset_rows"], self._dataset_stats["dataset_nnz_dropped"],
         self._dataset_stats["dataset_nnz"], self.max_labels,
         self._dataset_stats["dataset_label_sets_truncated"],
@@ -188,6 +187,31 @@ class SparseBatcher:
     self._epoch, self._position = 0, 0
     self._cache_epoch, self._cache = None, None
     self._reset_epoch_stats()
+
+  # ----------------------------------------------------------------- features
+  # The feature layout's three hooks (DenseBatcher overrides them).
+  def _set_features(self, features) -> None:
+    """Sets self.features, (N, d)."""
+    self.features = sp.csr_matrix(features, dtype=np.float32)
+
+  def _set_max_nnz(self, max_nnz, nnz_percentile: float, pad_multiple: int) -> None:
+    """Sets self._row_nnz (N,), self.max_nnz and the rows truncated to it."""
+    self._row_nnz = np.diff(self.features.indptr)
+    self.max_nnz = (choose_max_nnz(self._row_nnz, nnz_percentile, pad_multiple)
+                    if max_nnz == "auto" else int(max_nnz))
+    if self.max_nnz < 1:
+      raise ValueError("max_nnz and max_labels must be >= 1")
+    self._feat = truncate_rows(self.features, self.max_nnz, by_magnitude=True)
+
+  def _gather_features(self, rows: np.ndarray, n: int) -> dict:
+    """The feature arrays of `rows`, padded to n rows."""
+    feat_ids, feat_vals = _gather_padded(self._feat, rows, n, self.max_nnz, 0, True)
+    return {"feat_ids": feat_ids, "feat_vals": feat_vals}
+
+  def example_inputs(self) -> tuple[np.ndarray, ...]:
+    """Zero tower inputs of one row, shaped and typed as `towers.tower_inputs` of a batch
+    (what `tower.init` needs): (feat_ids (1, max_nnz) int32, feat_vals (1, max_nnz) float32)."""
+    return (np.zeros((1, self.max_nnz), np.int32), np.zeros((1, self.max_nnz), np.float32))
 
   # ----------------------------------------------------------------- state
   def get_state(self) -> dict:
@@ -244,7 +268,7 @@ class SparseBatcher:
     sel = perm[lo:min(lo + n, perm.size)]
     rows = ex_idx[sel]
     k = rows.size
-    feat_ids, feat_vals = _gather_padded(self._feat, rows, n, self.max_nnz, 0, True)
+    features = self._gather_features(rows, n)
     label_set, _ = _gather_padded(self._labs, rows, n, self.max_labels, -1, False)
     label = np.zeros(n, np.int32)
     label[:k] = ex_lab[sel]
@@ -254,8 +278,8 @@ class SparseBatcher:
     valid[:k] = True
     example_id = np.full(n, -1, np.int32)
     example_id[:k] = rows
-    return {"feat_ids": feat_ids, "feat_vals": feat_vals, "label": label,
-            "label_set": label_set, "valid": valid, "example_id": example_id}
+    return {**features, "label": label, "label_set": label_set, "valid": valid,
+            "example_id": example_id}
 
   def __iter__(self) -> Iterator[dict]:
     return self
@@ -289,6 +313,45 @@ class SparseBatcher:
       self._epoch, self._position = self._epoch + 1, 0
       self._reset_epoch_stats()
     return batch
+
+
+class DenseBatcher(SparseBatcher):
+  """SparseBatcher's examples, order, process slicing and resumable state, with dense rows.
+
+  For towers over dense vectors (`models.towers.MLPTower`: image or text
+  embeddings). Yields the same dicts as SparseBatcher with the two padded
+  sparse arrays replaced by
+    features   float32 (n, d)        the example's feature row, 0.0 for padding rows
+  (`DENSE_BATCH_KEYS`). Nothing is truncated (`max_nnz` is d, every row's width;
+  the max_nnz / nnz_percentile arguments are ignored); label sets are padded and
+  truncated as in SparseBatcher. Batch b of epoch e holds the same examples in the
+  same rows as SparseBatcher's on the same labels, seed and conversion.
+
+  features: a dense (N, d) array, kept without a copy if it is C-ordered float32,
+  or a sparse (N, d) matrix, densified once.
+  """
+
+  def _set_features(self, features) -> None:
+    if sp.issparse(features):
+      features = features.toarray()
+    self.features = np.ascontiguousarray(features, dtype=np.float32)
+    if self.features.ndim != 2:
+      raise ValueError(f"features must be a 2-D (N, d) array, got shape {self.features.shape}")
+
+  def _set_max_nnz(self, max_nnz, nnz_percentile: float, pad_multiple: int) -> None:
+    del max_nnz, nnz_percentile, pad_multiple  # every row is d wide: nothing to choose or truncate
+    n, d = self.features.shape
+    self._row_nnz = np.full(n, d, np.int64)
+    self.max_nnz = d
+
+  def _gather_features(self, rows: np.ndarray, n: int) -> dict:
+    x = np.zeros((n, self.features.shape[1]), np.float32)
+    x[:rows.size] = self.features[rows]
+    return {"features": x}
+
+  def example_inputs(self) -> tuple[np.ndarray, ...]:
+    """(features (1, d) float32,) of zeros: the tower's inputs of one row."""
+    return (np.zeros((1, self.features.shape[1]), np.float32),)
 
 
 # ------------------------------------------------------------------ devices

@@ -1,4 +1,6 @@
 """Query towers (Flax). The class table lives in the train state, not here."""
-from snm_jax.models.towers import EmbeddingBag, EmbeddingTower, LinearQuery, SNMTower, WideDeepQuery, l2_normalize
+from snm_jax.models.towers import (EmbeddingBag, EmbeddingTower, LinearQuery, MLPTower, SNMTower, WideDeepQuery,
+                                l2_normalize, tower_inputs)
 
-__all__ = ["EmbeddingBag", "EmbeddingTower", "LinearQuery", "SNMTower", "WideDeepQuery", "l2_normalize"]
+__all__ = ["EmbeddingBag", "EmbeddingTower", "LinearQuery", "MLPTower", "SNMTower", "WideDeepQuery", "l2_normalize",
+           "tower_inputs"]

@@ -2,7 +2,8 @@
 the object that gets sharded and sparsely updated, so the trainer owns it.
 
 Inputs are padded sparse rows: ``feat_ids`` (N, nnz) int32 and ``feat_vals``
-(N, nnz) float32 (padding has value 0).
+(N, nnz) float32 (padding has value 0), or, for `MLPTower`, dense rows
+``features`` (N, d) float32; `tower_inputs(batch)` picks them out of a batch.
 """
 
 from __future__ import annotations
@@ -155,15 +156,65 @@ class WideDeepQuery(nn.Module):
     return jnp.concatenate([wide, deep], axis=-1)
 
 
-class EmbeddingTower(nn.Module):
-  """Dense inputs x (N, d) -> Dense -> ReLU -> Dense -> L2 normalise -> (N, embed_dim).
+def tower_inputs(batch) -> tuple:
+  """The positional inputs of a query tower in a batch of the input pipeline.
 
-  The retrieval task's tower (config.task="retrieval"): scores are cosines in [-1, 1].
+  (batch["features"],) (N, d) for dense batches (`snm_jax.data.pipeline.DenseBatcher`),
+  else (batch["feat_ids"], batch["feat_vals"]) (N, nnz) (`SparseBatcher`). The train step
+  and the evaluator both call `tower_apply(params, *tower_inputs(batch))`. The choice is on
+  the dict's keys, so it is static under jit.
+  """
+  if "features" in batch:
+    return (batch["features"],)
+  return (batch["feat_ids"], batch["feat_vals"])
+
+
+class MLPTower(nn.Module):
+  """A tower over dense inputs (image or text embeddings):
+  x (N, d) -> [Dense(hidden) -> ReLU -> dropout] x num_hidden_layers -> Dense(out) -> L2-normalise
+  -> (N, out). Against L2-normalised class rows its scores are cosines in [-1, 1], as SNMTower's.
+
+  num_hidden_layers = 0 is a linear map then L2. feature_dropout drops input entries
+  (inverted scaling, as in SNMTower), dropout acts after each hidden ReLU; both only with
+  `apply(params, x, train=True, rngs={"dropout": key})`. The default call is deterministic.
+
+  The classification task's `model.kind="mlp"`; with num_hidden_layers=1 and no dropout it is
+  also the retrieval task's tower (`EmbeddingTower`).
   """
   hidden: int
-  embed_dim: int
+  out: int
+  num_hidden_layers: int = 1
+  dropout: float = 0.0
+  feature_dropout: float = 0.0
+  normalize: bool = True
+
+  def layer_name(self, i: int) -> str:
+    """Name of hidden layer i (0-based), or of the output layer for i = num_hidden_layers."""
+    return "proj" if i == self.num_hidden_layers else f"hidden_{i}"
 
   @nn.compact
-  def __call__(self, x):
-    e = nn.Dense(self.embed_dim)(nn.relu(nn.Dense(self.hidden)(x)))
-    return e * jax.lax.rsqrt(jnp.sum(e * e, axis=-1, keepdims=True) + 1e-12)
+  def __call__(self, x, train: bool = False):
+    h = feature_dropout(self.feature_dropout, x, train)
+    for i in range(self.num_hidden_layers):
+      h = nn.relu(nn.Dense(self.hidden, name=self.layer_name(i))(h))
+      h = nn.Dropout(self.dropout, deterministic=not train, name=f"dropout_{i}")(h)
+    q = nn.Dense(self.out, name=self.layer_name(self.num_hidden_layers))(h)
+    if not self.normalize:
+      return q
+    # l2_normalize's value, written with q * q instead of jnp.square(q): the retrieval task's
+    # tower always computed it so, and the two differ in the gradient's last bits.
+    return q * jax.lax.rsqrt(jnp.sum(q * q, axis=-1, keepdims=True) + 1e-12)
+
+
+class EmbeddingTower(MLPTower):
+  """The retrieval task's tower (config.task="retrieval"): `MLPTower(hidden, out)`, x (N, d)
+  -> Dense -> ReLU -> Dense -> L2 normalise -> (N, out); scores are cosines in [-1, 1].
+
+  Only the layer names differ: they are the ones flax gave this tower's layers before it was
+  an MLPTower (the output layer "Dense_0", the hidden one "Dense_1"). A layer's initial
+  values are drawn from a key of its name, so these names keep the retrieval runs' bits and
+  checkpoints unchanged.
+  """
+
+  def layer_name(self, i: int) -> str:
+    return "Dense_0" if i == self.num_hidden_layers else f"Dense_{i + 1}"

@@ -3,6 +3,8 @@ validation that fails before any compilation, naming the offending field."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import numpy as np
 import optax
@@ -11,7 +13,7 @@ from snm_jax import losses
 from snm_jax.errors import ConfigError
 from snm_jax.losses import registry as losses_registry
 from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, padded_num_labels, unigram_stratum_cdf
-from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
+from snm_jax.models.towers import LinearQuery, MLPTower, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers
 # The override helpers, also under their old home here (experiments/train.py, tests).
 from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config_fields,  # noqa: F401
@@ -23,8 +25,11 @@ LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "mined_softmax", "full_softmax"
 SAMPLERS = ("uniform", "unigram", "full", "tree", "exact")
 VARTHETAS = ("top_k", "negative_sampling", "power_law")
 REDUCTIONS = ("mean", "s2m")
-MODEL_KINDS = ("snm_tower", "linear", "wide_deep")
+MODEL_KINDS = ("snm_tower", "linear", "wide_deep", "mlp")
 LINEAR_KINDS = ("linear", "wide_deep")  # class rows hold a linear model [w_y, b_y, ...], start at 0
+COSINE_KINDS = ("snm_tower", "mlp")     # L2-normalised queries, scored against normalised class rows
+DENSE_KINDS = ("mlp",)                  # towers over dense rows: DenseBatcher batches
+FILE_FIELDS = ("train_features", "train_labels", "test_features", "test_labels")  # dataset.files
 DECAYS = ("constant", "cosine")
 
 
@@ -168,6 +173,7 @@ def validate(config, num_labels: int | None = None) -> None:
     raise ConfigError("dataset.validation_fraction", f"must be in [0, 1) (0 = no validation "
                       f"split), got {fraction!r}")
   _int("dataset.validation_seed", _field(d, "validation_seed", 0), 0)
+  _validate_files(d)
   if d.name == "synthetic":
     s = d.synthetic
     _int("dataset.synthetic.num_labels", s.num_labels, 2)
@@ -183,10 +189,16 @@ def validate(config, num_labels: int | None = None) -> None:
     if m.kind == "linear" and given("model.dropout") and _field(m, "dropout", 0.0):
       raise ConfigError("model.dropout", "model.kind=linear has no hidden layer to drop; "
                         "use model.feature_dropout (or model.kind=snm_tower | wide_deep)")
+    if (m.kind == "mlp" and given("model.dropout") and _field(m, "dropout", 0.0)
+        and _field(m, "num_hidden_layers", 1) == 0):
+      raise ConfigError("model.dropout", "model.kind=mlp with model.num_hidden_layers=0 has no "
+                        "hidden layer to drop; use model.feature_dropout")
   if given("model.hidden"):
     _int("model.hidden", m.hidden, 1)
   if given("model.out"):
     _int("model.out", m.out, 1)
+  _int("model.num_hidden_layers", _field(m, "num_hidden_layers", 1), 0,
+       note=" (model.kind=mlp; 0 = a linear map, then L2)")
   if m.normalize_classes is not None:
     _bool("model.normalize_classes", m.normalize_classes)
   if given("model.dropout"):
@@ -212,9 +224,9 @@ def validate(config, num_labels: int | None = None) -> None:
   if t.optimizer == "momentum":
     if not (_is_real(t.momentum) and 0 <= t.momentum < 1):
       raise ConfigError("table.momentum", f"must be in [0, 1), got {t.momentum!r}")
-  if given("model.kind") and m.kind == "snm_tower":
+  if given("model.kind") and m.kind in COSINE_KINDS:
     _real("table.init_scale", t.init_scale, 0, lo_open=True,
-          note=" (model.kind=snm_tower normalises the rows: zero rows are singular)")
+          note=f" (model.kind={m.kind} normalises the rows: zero rows are singular)")
   _real("table.weight_decay", _field(t, "weight_decay", 0.0), 0)
   if given("table.learning_rate") and _field(t, "weight_decay", 0.0) * t.learning_rate >= 1.0:
     raise ConfigError("table.weight_decay", f"table.learning_rate * table.weight_decay = "
@@ -277,6 +289,9 @@ def validate(config, num_labels: int | None = None) -> None:
     if lo.kind in ("sampled_softmax", "mined_softmax") and mi.sampler == "unigram":
       raise ConfigError("loss.kind", f"{lo.kind}'s logQ correction of the positive is "
                         "implemented for the uniform sampler only")
+  if given("mining.sampler", "model.kind") and mi.sampler == "tree" and m.kind in DENSE_KINDS:
+    raise ConfigError("mining.sampler", f"the tree sampler projects sparse batches (feat_ids, "
+                      f"feat_vals); model.kind={m.kind} trains on dense rows")
   if given("mining.sampler") and mi.sampler == "tree":
     a = config.adversarial
     _int("adversarial.pca_dim", a.pca_dim, 1)
@@ -353,6 +368,28 @@ def validate(config, num_labels: int | None = None) -> None:
     raise ConfigError("mining.num_samples", f"the exact sampler draws B distinct negatives: "
                       f"B={config.mining.num_samples} must be < K={num_labels}")
   make_loss_spec(config, num_labels)  # vartheta construction errors
+
+
+def _validate_files(d) -> None:
+  """dataset.files: four existing files when dataset.name="files", else none set (a set path
+  with another dataset.name would be silently ignored)."""
+  files = _field(d, "files", None)
+  if d.name != "files":
+    given = [f for f in FILE_FIELDS if files is not None and files.get(f)]
+    if given:
+      raise ConfigError("dataset.name", f"dataset.files.{given[0]} is set but dataset.name is "
+                        f"{d.name!r}: set dataset.name=files to train on the files")
+    return
+  if files is None:
+    raise ConfigError("dataset.files", "dataset.name=files needs the dataset.files section "
+                      f"({', '.join(FILE_FIELDS)}; experiments/configs/common.py)")
+  for name in FILE_FIELDS:
+    path = files.get(name)
+    if not (isinstance(path, str) and path):
+      raise ConfigError(f"dataset.files.{name}", f"dataset.name=files needs the path of a file, "
+                        f"got {path!r}")
+    if not Path(path).expanduser().is_file():
+      raise ConfigError(f"dataset.files.{name}", f"no such file: {path}")
 
 
 def _validate_task(config) -> None:
@@ -464,8 +501,8 @@ def make_sampler(config, num_labels: int, label_counts=None):
 
 
 def resolve_normalize_classes(config) -> bool:
-  """model.normalize_classes with None ("auto") resolved: True for snm_tower
-  (cosine scores), False for linear and wide_deep.
+  """model.normalize_classes with None ("auto") resolved: True for snm_tower and
+  mlp (cosine scores), False for linear and wide_deep.
 
   Raises ConfigError for an explicit True with linear / wide_deep: their class
   rows [w_y, b_y(, e_y)] start at 0 (`table_init_scale`), where the gradient of
@@ -476,7 +513,7 @@ def resolve_normalize_classes(config) -> bool:
   value = config.model.normalize_classes
   kind = config.model.kind
   if value is None:
-    return kind == "snm_tower"
+    return kind in COSINE_KINDS
   if value and kind in LINEAR_KINDS:
     raise ConfigError("model.normalize_classes",
                       f"True is not supported with model.kind={kind}: its class rows are a linear "
@@ -490,7 +527,7 @@ def resolve_normalize_classes(config) -> bool:
 
 def table_init_scale(config) -> float:
   """Std of the initial class rows: 0.0 for linear / wide_deep (Bamler & Mandt
-  start the linear model at 0), table.init_scale for snm_tower."""
+  start the linear model at 0), table.init_scale for snm_tower and mlp."""
   return 0.0 if config.model.kind in LINEAR_KINDS else float(config.table.init_scale)
 
 
@@ -500,6 +537,12 @@ def tower_has_dropout(config) -> bool:
   return bool(_field(config.model, "dropout", 0.0) or _field(config.model, "feature_dropout", 0.0))
 
 
+def dense_inputs(config) -> bool:
+  """True when the tower takes dense rows (model.kind=mlp): the task feeds it
+  `DenseBatcher` batches ('features' (N, d)) instead of padded sparse ones."""
+  return config.model.kind in DENSE_KINDS
+
+
 def make_tower(config, num_features: int):
   """Returns (flax module, query width = class-row width).
 
@@ -507,6 +550,7 @@ def make_tower(config, num_features: int):
   linear: LinearQuery q = [x, 1], width d + 1 -- a K x (d + 1) table: moderate d only.
   wide_deep: WideDeepQuery q = [x, 1, tower(x)], width d + 1 + out -- the linear
     model plus the tower, summed in the score; also a K x (d + 1 + out) table.
+  mlp: MLPTower over dense rows x (N, d), width model.out (`dense_inputs`).
   The modules take `train=True` (and rngs={"dropout": key}) to apply
   model.dropout / model.feature_dropout; their default call is deterministic.
   """
@@ -515,6 +559,9 @@ def make_tower(config, num_features: int):
   feature_dropout = float(_field(m, "feature_dropout", 0.0))
   if m.kind == "linear":
     return LinearQuery(num_features=num_features, feature_dropout=feature_dropout), num_features + 1
+  if m.kind == "mlp":
+    return (MLPTower(hidden=m.hidden, out=m.out, num_hidden_layers=_field(m, "num_hidden_layers", 1),
+                     dropout=dropout, feature_dropout=feature_dropout), m.out)
   bag_matmul = _field(m, "bag_matmul", "gather")
   if m.kind == "wide_deep":
     return (WideDeepQuery(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,

@@ -1,4 +1,4 @@
-"""The extreme-classification task: sparse inputs, a sharded class table and
+"""The extreme-classification task: sparse (or dense) inputs, a sharded class table and
 sampled negatives (SNM/S2M, negative sampling, sampled/full softmax, NCE, the
 adversarial tree sampler), as a `snm_jax.train.task.Task` for the loop.
 
@@ -18,7 +18,7 @@ from absl import logging
 
 from snm_jax import sharding
 from snm_jax.data.conversions import conversion_fn
-from snm_jax.data.pipeline import SparseBatcher, make_global_batch, process_data_slice
+from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, make_global_batch, process_data_slice
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.train import builders
@@ -30,7 +30,8 @@ from snm_jax.train.task import Task
 
 
 class GlobalBatches:
-  """This process's batches of `SparseBatcher`, as global arrays sharded over the mesh."""
+  """This process's batches of a batcher (`SparseBatcher`, `DenseBatcher`, ...), as global
+  arrays sharded over the mesh."""
 
   def __init__(self, batcher: SparseBatcher, mesh):
     self.batcher, self.mesh = batcher, mesh
@@ -84,18 +85,19 @@ def build(config, mesh) -> Task:
   # This process's block of the global batch under the mesh (not jax.process_index():
   # processes that share a data shard, e.g. a model axis spanning hosts, feed the same rows).
   process_index, process_count = process_data_slice(mesh)
-  batcher = SparseBatcher(
+  dense = builders.dense_inputs(config)  # model.kind=mlp: dense rows (N, d), not padded sparse ones
+  batcher = (DenseBatcher if dense else SparseBatcher)(
       run_data.train.features, run_data.train.labels, config.dataset.conversion,
       global_batch_size=config.train.batch_size,
       max_nnz=config.dataset.max_nnz or "auto", max_labels=config.dataset.max_labels or "auto",
       seed=config.seed, process_index=process_index, process_count=process_count)
 
-  state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.max_nnz)
+  state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.example_inputs())
   logging.info("state created: table %s (%s) on mesh %s", state.table.shape, state.table.dtype,
                dict(mesh.shape))
 
   eval_kwargs = dict(tower_apply=tower.apply, mesh=mesh, normalize_classes=normalize_classes,
-                     max_nnz=batcher.max_nnz, max_labels=batcher.max_labels,
+                     max_nnz=batcher.max_nnz, max_labels=batcher.max_labels, dense_inputs=dense,
                      tree_sampler=sampler if config.mining.sampler == "tree" else None)
   evaluators = {"test": make_evaluate(config, run_data, "test", **eval_kwargs)}
   if run_data.validation is not None:
@@ -106,7 +108,8 @@ def build(config, mesh) -> Task:
         tower_apply=tower.apply, sampler=sampler, loss=builders.make_loss_spec(config, num_labels),
         mesh=mesh, normalize_classes=normalize_classes, num_labels=num_labels,
         probe=probe_batch(run_data.train.features, run_data.train.labels, config.diagnostics.probe_size,
-                          mesh, max_nnz=batcher.max_nnz, max_labels=batcher.max_labels),
+                          mesh, max_nnz=batcher.max_nnz, max_labels=batcher.max_labels,
+                          batcher_cls=type(batcher)),
         k=config.diagnostics.k or config.mining.k, snr_draws=config.diagnostics.snr_draws,
         seed=config.seed, stratum_cdf=cdf_dev, table_rows=table_rows, row_block=config.eval.row_block)
   return Task(state=state, train_step=train_step, batches=GlobalBatches(batcher, mesh),
@@ -115,12 +118,13 @@ def build(config, mesh) -> Task:
                     "tree_fit_seconds": tree_fit_seconds, **tree_info})  # not included in train_seconds
 
 
-def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, max_nnz):
-  """Initialises the state directly with its shardings (no full table on one device)."""
+def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inputs):
+  """Initialises the state directly with its shardings (no full table on one device).
+
+  example_inputs: the tower's inputs of one row (the batcher's `example_inputs()`).
+  """
   key = jax.random.key(config.seed)
   k_tower, k_table = jax.random.split(key)
-  dummy_ids = jnp.zeros((1, max_nnz), jnp.int32)
-  dummy_vals = jnp.zeros((1, max_nnz), jnp.float32)
 
   num_model = mesh.shape[sharding.MODEL]
   strata = config.mining.num_strata
@@ -151,7 +155,7 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, max_nnz):
                              out_specs=sharding.TABLE, check_vma=False)
 
   def init():
-    params = tower.init(k_tower, dummy_ids, dummy_vals)
+    params = tower.init(k_tower, *map(jnp.asarray, example_inputs))
     table = init_table()
     return TrainState.create(params=params, opt_state=tx.init(params),
         table=table,

@@ -44,7 +44,7 @@ from snm_jax import sharding
 from snm_jax.data.pipeline import SparseBatcher
 from snm_jax.errors import ConfigError
 from snm_jax.mining.retrieval import make_top_k_retrieval
-from snm_jax.models.towers import l2_normalize
+from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, MODEL
 from snm_jax.train import row_optimizers
 from snm_jax.train.host import to_host
@@ -54,16 +54,18 @@ P = jax.P
 DIAGNOSTICS_SEED_OFFSET = 2  # keys from seed + 2: the loop's train keys come from seed + 1
 
 
-def probe_batch(features, labels, size: int, mesh, *, max_nnz: int, max_labels: int) -> dict:
+def probe_batch(features, labels, size: int, mesh, *, max_nnz: int, max_labels: int,
+                batcher_cls=SparseBatcher) -> dict:
   """The first `size` points of (features (N, d), labels (N, K)) as one global batch
-  sharded over `data` (every process holds the same points, like the evaluators)."""
+  sharded over `data` (every process holds the same points, like the evaluators), batched
+  as the run's batches are (`batcher_cls`: SparseBatcher or DenseBatcher)."""
   if not 0 < size <= features.shape[0]:
     raise ConfigError("diagnostics.probe_size", f"{size} must be in [1, {features.shape[0]}] "
                       "(the number of training points)")
   sharding.check_divisible("diagnostics.probe_size", size, mesh, DATA)
-  batcher = SparseBatcher(features[:size], labels[:size], None, global_batch_size=size,
-                          max_nnz=max_nnz, max_labels=max_labels, shuffle=False, num_epochs=1,
-                          process_index=0, process_count=1, log_epochs=False)
+  batcher = batcher_cls(features[:size], labels[:size], None, global_batch_size=size,
+                        max_nnz=max_nnz, max_labels=max_labels, shuffle=False, num_epochs=1,
+                        process_index=0, process_count=1, log_epochs=False)
   batch = next(iter(batcher))
   return {k: jax.device_put(v, sharding.named(mesh, P(DATA))) for k, v in batch.items()}
 
@@ -130,7 +132,7 @@ def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_class
 
   @jax.jit
   def mining(params, table, key):
-    q = tower_apply(params, probe["feat_ids"], probe["feat_vals"])
+    q = tower_apply(params, *tower_inputs(probe))
     label_set = probe["label_set"]
     exact = _exact_hard_negatives(retrieve, q, table, label_set, k)
     ids = negatives.draw_and_gather(table, probe, key).ids

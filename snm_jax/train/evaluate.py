@@ -12,9 +12,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from snm_jax import metrics
-from snm_jax.data.pipeline import SparseBatcher
+from snm_jax.data.pipeline import DenseBatcher, SparseBatcher
 from snm_jax.mining.retrieval import bias_at, make_top_k_retrieval
-from snm_jax.models.towers import l2_normalize
+from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, named
 from snm_jax.train.host import to_host
 
@@ -38,7 +38,8 @@ def propensity_ab(config, dataset_name: str | None) -> tuple[float, float]:
 
 
 def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, normalize_classes: bool,
-                  max_nnz: int, max_labels: int, tree_sampler=None) -> Callable:
+                  max_nnz: int, max_labels: int, dense_inputs: bool = False,
+                  tree_sampler=None) -> Callable:
   """`evaluate(state) -> dict` of every metric on one split ("validation" or "test").
 
   Owns the method-specific parts of prediction: Bamler & Mandt's Eq. 5 bias
@@ -46,7 +47,8 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
   the adversarial loss, their predictive log-likelihood, and on synthetic test
   data the Bayes-optimal predictor's metrics (`bayes/...`). PSP@k and the
   Head/Torso/Tail split use the whole training file's label counts, so every
-  method and every split is scored with the same propensities.
+  method and every split is scored with the same propensities. dense_inputs:
+  the tower takes dense rows (`DenseBatcher` batches), as in training.
   """
   dataset = run_data.validation if split == "validation" else run_data.test
   n = config.eval.max_examples or None
@@ -65,7 +67,8 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
       k=max(config.eval.k_max, min(config.eval.recall_r, run_data.num_labels)),
       query_chunk=config.eval.query_chunk, row_block=config.eval.row_block,
       normalize_classes=normalize_classes, max_nnz=max_nnz, max_labels=max_labels,
-      logit_scale=float(config.loss.logit_scale) if (debias or config.eval.log_likelihood) else 1.0)
+      logit_scale=float(config.loss.logit_scale) if (debias or config.eval.log_likelihood) else 1.0,
+      dense_inputs=dense_inputs)
   a, b = propensity_ab(config, run_data.train.name)
   propensities = metrics.jain_propensities(run_data.label_counts, run_data.train_file_points, a, b)
   bayes_features = None
@@ -102,13 +105,14 @@ class Evaluator:
   def __init__(self, *, tower_apply: Callable, features, labels, mesh, num_labels: int,
                k: int, query_chunk: int, row_block: int, normalize_classes: bool,
                max_nnz: int, max_labels: int, bias_fn=None, extra_fn=None,
-               with_loglik: bool = False, logit_scale: float = 1.0):
+               with_loglik: bool = False, logit_scale: float = 1.0, dense_inputs: bool = False):
     n_data = mesh.shape[DATA]
     # Never pad a small evaluation set up to a large chunk.
     chunk = -(-min(query_chunk, features.shape[0]) // n_data) * n_data
     self.mesh, self.k, self.extra_fn = mesh, k, extra_fn
     self.num_points = features.shape[0]
-    self.batcher = SparseBatcher(features, labels, None, global_batch_size=chunk,
+    batcher = DenseBatcher if dense_inputs else SparseBatcher
+    self.batcher = batcher(features, labels, None, global_batch_size=chunk,
                                  max_nnz=max_nnz, max_labels=max_labels, shuffle=False,
                                  num_epochs=1, process_index=0, process_count=1, log_epochs=False)
     # The model's logits are logit_scale x (q . row): the scale matters where they are added to
@@ -141,7 +145,7 @@ class Evaluator:
     self.batcher.set_state({"epoch": 0, "position": 0})
     for batch in self.batcher:
       put = lambda x: jax.device_put(x, self._sharding)
-      q = self.embed(params, put(batch["feat_ids"]), put(batch["feat_vals"]))
+      q = self.embed(params, *map(put, tower_inputs(batch)))
       extra = None
       if self.extra_fn is not None:
         extra = put(self.extra_fn(batch["example_id"]))

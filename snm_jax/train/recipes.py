@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
+from snm_jax.data.datasets import num_nonzero
 from snm_jax.errors import ConfigError
 from snm_jax.train import loop, reuse
 from snm_jax.train.host import is_writer
@@ -47,7 +48,7 @@ class DataStats:
     n = train.features.shape[0]
     return cls(num_train=n, num_features=run_data.num_features, num_labels=run_data.num_labels,
                labels_per_point=float(train.labels.nnz / max(n, 1)),
-               nnz_per_point=float(train.features.nnz / max(n, 1)))
+               nnz_per_point=float(num_nonzero(train.features) / max(n, 1)))
 
 
 # The linear / wide models hold a K x (d + 1) table: use them up to this many entries (1 GiB of float32).

@@ -1,7 +1,8 @@
 """The data of a run, from `config.dataset`: a real dataset found by name (Bibtex
-is bundled), the synthetic generator (with its Bayes-optimal predictor), or the
-head/tail downsampled digits of the S2M paper; optionally a validation part
-carved from the training set."""
+is bundled), the synthetic generator (with its Bayes-optimal predictor), the
+head/tail downsampled digits of the S2M paper, or feature and label files named
+one by one (`dataset.name="files"`: dense `.npy` / `.npz` embeddings, sparse
+`.npz`, XC text); optionally a validation part carved from the training set."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from snm_jax import data as snm_data
+from snm_jax.data import array_files
 from snm_jax.errors import ConfigError, DatasetNotFoundError
 
 
@@ -20,7 +22,8 @@ class RunData:
 
   Attributes:
     train: the training part, features (N_tr, d) and labels (N_tr, K); without
-      a validation split, the whole training file.
+      a validation split, the whole training file. Features are CSR, or a dense
+      float32 array for dense files (`dataset.name="files"`), in every split.
     test: the test split (N_te, d) / (N_te, K), never subsampled or split.
     source: what was loaded (e.g. "bibtex", "synthetic").
     synthetic: the generator's data (raw features, Bayes predictor) for
@@ -91,6 +94,13 @@ def _digits(config) -> RunData:
                  "digits_head_tail")
 
 
+def _files(config) -> RunData:
+  f = config.dataset.files
+  train, test = array_files.load_files(f.train_features, f.train_labels, f.test_features,
+                                       f.test_labels)
+  return RunData(train, test, "files")
+
+
 def _named(config) -> RunData:
   name = config.dataset.name
   data_dir = config.dataset.data_dir or None
@@ -124,13 +134,16 @@ def load_run_data(config) -> RunData:
     ConfigError: `dataset.name` not found (the message lists every place
       searched), or a bad `dataset.validation_fraction` / `validation_seed`.
     DataFormatError: a malformed file, or a test split whose K differs from
-      the training K or whose feature ids reach beyond the training d.
+      the training K or whose feature ids reach beyond the training d (for
+      `dataset.name="files"`: whose d differs), naming the file.
   """
   name = config.dataset.name
   if name == "synthetic":
     out = _synthetic(config)
   elif name == "digits_head_tail":
     out = _digits(config)
+  elif name == "files":
+    out = _files(config)
   else:
     out = _named(config)
   if config.dataset.normalize_rows:

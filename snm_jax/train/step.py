@@ -33,7 +33,7 @@ import optax
 import snm_jax.losses as losses_lib
 from snm_jax.losses import registry as losses_registry
 from snm_jax.mining import negatives as negatives_lib
-from snm_jax.models.towers import l2_normalize, normalized_row_scores
+from snm_jax.models.towers import l2_normalize, normalized_row_scores, tower_inputs
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
 from snm_jax.train.nonfinite import all_finite
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
@@ -191,10 +191,10 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
 
     def loss_fn(params, rows, pos_rows):
       if dropout:
-        q = tower_apply(params, batch["feat_ids"], batch["feat_vals"], train=True,
+        q = tower_apply(params, *tower_inputs(batch), train=True,
                         rngs={"dropout": jax.random.fold_in(rng, DROPOUT_FOLD_IN)})
       else:
-        q = tower_apply(params, batch["feat_ids"], batch["feat_vals"])
+        q = tower_apply(params, *tower_inputs(batch))
       per_ex, pos, hardest, n_valid = sharded_loss(q, rows, pos_rows, draws.ids, draws.log_q,
                                                    batch["label_set"], draws.log_q_pos)
       per_ex = jnp.where(batch["valid"], per_ex, 0.0)
@@ -216,7 +216,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
     `ExactSampler`: any object with `draw(key, batch)`);
     `snm_jax.mining.negatives.for_sampler` gives its layout on the mesh.
-  batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz), 'label' (N,),
+  batch: dict with 'feat_ids' (N, nnz), 'feat_vals' (N, nnz) (or 'features' (N, d) for a
+    dense tower: `towers.tower_inputs`), 'label' (N,),
     'label_set' (N, L) padded -1, 'valid' (N,) bool, 'example_id' (N,) -- all
     sharded over `data`.
   table_lr: step -> the row optimiser's learning rate (e.g.
