@@ -18,6 +18,7 @@ TensorStore's GCS driver themselves, and GCS consistency/latency.
 import json
 import logging as pylogging
 import os
+from pathlib import Path
 
 import pytest
 from etils import epath
@@ -28,6 +29,8 @@ from experiments.configs import default
 from experiments.sweeps.spec import apply_overrides
 from snm_jax.train import host, workpath, writers
 from snm_jax.train.loop import train_and_evaluate
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -191,3 +194,18 @@ def test_gs_checkpoints_restore_and_quarantine_in_the_bucket(fake_gcs):
   assert jnp.array_equal(restored["w"], state["w"])
   assert (fake_gcs / "b" / "run" / "checkpoints.corrupt" / "2").is_dir()  # moved aside in the bucket
   assert sorted(p.name for p in folder.iterdir()) == ["1"]
+
+
+def test_report_reads_and_writes_a_gs_sweep_like_a_local_one(fake_gcs, tmp_path):
+  from experiments import report  # pylint: disable=g-import-not-at-top
+  summary = (REPO / "results" / "table2_bibtex" / "summary.json").read_bytes()
+  (tmp_path / "local").mkdir()
+  (tmp_path / "local" / "summary.json").write_bytes(summary)
+  (fake_gcs / "b" / "sweep").mkdir(parents=True)
+  (fake_gcs / "b" / "sweep" / "summary.json").write_bytes(summary)
+  remote_md = report.write_report("gs://b/sweep")
+  assert str(remote_md) == "gs://b/sweep/report.md"
+  local_md = report.write_report(tmp_path / "local")
+  assert (fake_gcs / "b" / "sweep" / "report.md").read_text() == local_md.read_text()
+  for name in ("learning_curves.png", "cost_per_step.png"):
+    assert (fake_gcs / "b" / "sweep" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
