@@ -26,19 +26,20 @@ import copy
 import dataclasses
 import json
 import shlex
-import shutil
 import sys
 import time
-from pathlib import Path
 
 from absl import app, flags, logging
+from etils import epath
 
 from experiments.sweeps.spec import Point, Sweep, apply_overrides, load_config, load_sweep
 from snm_jax.errors import ConfigError, SnmJaxError
+from snm_jax.train.workpath import workdir_path, write_text
 
 _CONFIG = flags.DEFINE_string("config", None, "Base config path[:arg]; default: the sweep's own.")
 _SWEEP = flags.DEFINE_string("sweep", None, "experiments/sweeps/<name>.py[:arg].")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Root of the sweep's run directories.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Root of the sweep's run directories (local or "
+                               "any URI etils.epath reads, e.g. gs://bucket/sweep).")
 _SEEDS = flags.DEFINE_integer("seeds", None, "Use seeds 0..N-1 instead of the sweep's list.")
 _ONLY = flags.DEFINE_list("only", None, "Run only these point names.")
 _SET = flags.DEFINE_multi_string("set", [], "Extra override for every run, field=value "
@@ -51,8 +52,8 @@ _CACHE = flags.DEFINE_string("compilation_cache", "default", "JAX persistent com
                              "folder shared by the runs ('default': WORKDIR/jax_cache; 'none': off).")
 
 
-def run_dir(workdir, point: Point, seed: int) -> Path:
-  return Path(workdir) / point.name / f"seed{seed}"
+def run_dir(workdir, point: Point, seed: int) -> epath.Path:
+  return workdir_path(workdir) / point.name / f"seed{seed}"
 
 
 def parse_set(items) -> dict:
@@ -112,7 +113,7 @@ def train_command(sweep: Sweep, point: Point, seed: int, workdir) -> str:
   return " ".join(shlex.quote(a) for a in args)
 
 
-def run_status(rundir: Path) -> str:
+def run_status(rundir: epath.Path) -> str:
   if (rundir / "results.json").exists():
     return "done"
   if (rundir / "failed.json").exists():
@@ -122,9 +123,7 @@ def run_status(rundir: Path) -> str:
 
 def write_sweep_json(sweep: Sweep, workdir) -> None:
   """Records the sweep for the report, keeping points of earlier --only/--seeds calls."""
-  root = Path(workdir)
-  root.mkdir(parents=True, exist_ok=True)
-  path = root / "sweep.json"
+  path = workdir_path(workdir) / "sweep.json"
   if path.exists():
     old = Sweep.from_json(json.loads(path.read_text()))
     if old.name == sweep.name:
@@ -136,7 +135,7 @@ def write_sweep_json(sweep: Sweep, workdir) -> None:
           sweep, points=tuple(by_name[n] for n in order),
           seeds=tuple(sorted(set(old.seeds) | set(sweep.seeds))),
           baseline=sweep.baseline or (old.baseline if old.baseline not in mine else None))
-  path.write_text(json.dumps(sweep.to_json(), indent=2, default=str))
+  write_text(path, json.dumps(sweep.to_json(), indent=2, default=str))
 
 
 def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False,
@@ -155,12 +154,14 @@ def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False,
   except ConfigError:
     raise
   except SnmJaxError as e:
-    rundir.mkdir(parents=True, exist_ok=True)
-    (rundir / "failed.json").write_text(json.dumps({"error": type(e).__name__, "message": str(e)}))
+    write_text(rundir / "failed.json", json.dumps({"error": type(e).__name__, "message": str(e)}))
     logging.error("run %s/seed%d failed: %s", point.name, seed, e)
     return {"error": str(e)}
   if clean:
-    shutil.rmtree(rundir / "checkpoints", ignore_errors=True)
+    try:
+      (rundir / "checkpoints").rmtree(missing_ok=True)
+    except OSError as e:  # the run's results are written: a leftover checkpoint is no failure
+      logging.warning("could not delete %s: %s", rundir / "checkpoints", e)
   return out
 
 
@@ -244,7 +245,7 @@ def _main(argv):
   quiet_logs.install()
   cache = _CACHE.value
   if cache != "none":
-    use_compilation_cache(Path(_WORKDIR.value) / "jax_cache" if cache == "default" else cache)
+    use_compilation_cache(workdir_path(_WORKDIR.value) / "jax_cache" if cache == "default" else cache)
   counts = run_sweep(sweep, _WORKDIR.value, _RETRY.value, _CLEAN.value)
   print(f"sweep {sweep.name}: {counts}; report: python -m experiments.report {_WORKDIR.value}")
 

@@ -11,13 +11,13 @@ curves.json, accuracy_vs_seconds.png and log_likelihood_vs_seconds.png into --ou
 """
 
 import json
-from pathlib import Path
 
 from absl import app, flags
 
 from experiments.configs import adversarial
 from snm_jax.train import quiet_logs, runs
 from snm_jax.train.plots import curve, plot_learning_curves
+from snm_jax.train.workpath import workdir_path
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/snm_jax_adversarial", "Run folders.")
 _OUT = flags.DEFINE_string("out_dir", None, "Where curves.json and the PNGs go (default: workdir).")
@@ -30,8 +30,8 @@ _STEPS = flags.DEFINE_integer("steps", None, "Override train.num_steps.")
 def main(argv):
   del argv
   quiet_logs.install()
-  root = Path(_WORKDIR.value)
-  out_dir = Path(_OUT.value or root)
+  root = workdir_path(_WORKDIR.value)  # local, or any URI etils.epath reads (gs://...)
+  out_dir = workdir_path(_OUT.value or root)
   out_dir.mkdir(parents=True, exist_ok=True)
   results = {}
   for method in _METHODS.value:

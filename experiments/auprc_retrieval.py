@@ -24,13 +24,14 @@ from ml_collections import config_flags
 from experiments import retrieval_report as report
 from experiments.configs.auprc_retrieval import run_config
 from snm_jax.train import builders, runs
+from snm_jax.train.workpath import workdir_path
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "auprc_retrieval.py")
 
 
 def run_experiment(config, workdir) -> dict:
   """Runs (or reuses) every (task, method, seed); writes results.json and results.md."""
-  workdir, start = pathlib.Path(workdir), time.time()
+  workdir, start = workdir_path(workdir), time.time()  # local, or a URI (gs://...)
   results = {"command": " ".join(["python -m experiments.auprc_retrieval"] + sys.argv[1:]),
              "config": config.to_dict(), "tasks": {},
              "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),

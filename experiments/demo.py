@@ -22,6 +22,7 @@ from absl import app, flags, logging
 from experiments.configs import default, xmc
 from snm_jax.train import quiet_logs, runs
 from snm_jax.train.plots import plot_learning_curves
+from snm_jax.train.workpath import workdir_path
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/snm_jax_demo", "Output folder.")
 _STEPS = flags.DEFINE_integer("steps", None, "Override train.num_steps of every method.")
@@ -83,7 +84,7 @@ def table(results: dict, references: dict) -> str:
 def main(argv):
   del argv
   quiet_logs.install()
-  root = Path(_WORKDIR.value)
+  root = workdir_path(_WORKDIR.value)  # local, or any URI etils.epath reads (gs://...)
   root.mkdir(parents=True, exist_ok=True)
   results = {}
   for name, overrides in METHODS.items():

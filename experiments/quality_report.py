@@ -21,6 +21,7 @@ import numpy as np
 from absl import app, flags
 
 from snm_jax.train import plots
+from snm_jax.train.workpath import workdir_path
 
 _WORKDIRS = flags.DEFINE_string("workdirs", "/tmp/quality", "Root of the quality sweeps' workdirs.")
 _OUT = flags.DEFINE_string("out", "results/quality.md", "Markdown file to write (figures beside it).")
@@ -139,7 +140,7 @@ def learning_curves(name: str, root: Path, out_dir: Path) -> str | None:
 
 def main(argv):
   del argv
-  root, out = Path(_WORKDIRS.value), Path(_OUT.value)
+  root, out = workdir_path(_WORKDIRS.value), Path(_OUT.value)  # the sweeps' runs may be remote
   fig_dir = out.parent / "quality"
   fig_dir.mkdir(parents=True, exist_ok=True)
   peers_json = json.loads(Path(_PEERS.value).read_text())

@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 from absl import app, flags
+from etils import epath
 
 from experiments.sweeps.spec import Point, Sweep, load_sweep
 from snm_jax.train import plots
+from snm_jax.train.workpath import workdir_path, write_text
 
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: the sweep directory).")
 
@@ -39,7 +40,7 @@ SUBPOPULATIONS = ("head", "torso", "tail")
 
 def load(root) -> tuple[Sweep, dict, dict]:
   """-> (sweep, runs {point: {seed: results}}, failed {point: {seed: message}})."""
-  root = Path(root)
+  root = workdir_path(root)  # local, or any URI etils.epath reads (gs://...)
   summary = root / "summary.json"
   sweep_file = root / "sweep.json"
   run_files = sorted(root.glob("*/seed*/results.json"))
@@ -268,7 +269,7 @@ def render(sweep: Sweep, runs: dict, failed: dict, figures: dict) -> str:
 
 # ---- figures -------------------------------------------------------------------
 
-def make_figures(sweep: Sweep, runs: dict, out: Path) -> dict:
+def make_figures(sweep: Sweep, runs: dict, out: epath.Path) -> dict:
   points = _points(sweep, runs)
   figs = {}
   title = sweep.title
@@ -312,18 +313,18 @@ def make_figures(sweep: Sweep, runs: dict, out: Path) -> dict:
   return figs
 
 
-def write_report(root, out=None) -> Path:
+def write_report(root, out=None) -> epath.Path:
   """Writes report.md, summary.json and the figures; returns the report's path."""
   sweep, runs, failed = load(root)
   if not runs:
     raise FileNotFoundError(f"no finished run under {root} (failed: {failed})")
-  out = Path(out or root)
+  out = workdir_path(out or root)
   out.mkdir(parents=True, exist_ok=True)
   figures = make_figures(sweep, runs, out)
-  (out / "summary.json").write_text(json.dumps(
+  write_text(out / "summary.json", json.dumps(
       {"sweep": sweep.to_json(), "runs": runs, "failed": failed}, indent=1))
   path = out / "report.md"
-  path.write_text(render(sweep, runs, failed, figures) + "\n")
+  write_text(path, render(sweep, runs, failed, figures) + "\n")
   return path
 
 

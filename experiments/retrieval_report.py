@@ -3,9 +3,10 @@ per-seed rows read from each run's workdir, mean ± std over seeds, results.md."
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
+
+from snm_jax.train.workpath import workdir_path
 
 
 def run_row(results: dict, run_dir, seed: int) -> dict:
@@ -13,7 +14,7 @@ def run_row(results: dict, run_dir, seed: int) -> dict:
   train_seconds: compilation included, evaluation excluded) and the first / last logged
   training loss of metrics.jsonl (nan when nothing was logged)."""
   losses = []
-  path = Path(run_dir) / "metrics.jsonl"
+  path = workdir_path(run_dir) / "metrics.jsonl"
   if path.exists():
     losses = [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]
   row = {"first_loss": losses[0] if losses else float("nan"),

@@ -23,7 +23,8 @@ from snm_jax.train import builders, distributed, quiet_logs, runs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file[:variant].",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, results).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, results): "
+                               "local, or any URI etils.epath reads (gs://bucket/run).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 USAGE_ERROR, RUN_ERROR = 2, 1

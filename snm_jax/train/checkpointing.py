@@ -21,9 +21,7 @@ the state's shapes, the data order or the trajectory may differ.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -34,6 +32,7 @@ from jax.experimental import multihost_utils
 from snm_jax.errors import CheckpointError, ConfigError
 from snm_jax.train.host import is_writer, to_host
 from snm_jax.train.overrides import RENAMED_FIELDS
+from snm_jax.train.workpath import workdir_path
 
 DIGEST_KEY = "state_sha256"
 ON_UNREADABLE = ("restart", "fail")
@@ -69,7 +68,9 @@ def state_digest(state) -> str:
 
 class Checkpointer:
   def __init__(self, directory, keep: int = 2, async_save: bool = True):
-    self.directory = Path(directory).absolute()
+    # Local: absolute; a URI (gs://...) as it is: orbax writes it with epath and TensorStore's
+    # remote drivers, and commits a step with a commit_success.txt file instead of a rename.
+    self.directory = workdir_path(directory)
     options = ocp.CheckpointManagerOptions(
         create=True,
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
@@ -136,7 +137,7 @@ class Checkpointer:
           "train.on_unreadable_checkpoints='restart' to train from step 0")
     moved = [str(self._quarantine(s)) for s, _ in failures]
     message = (f"WARNING: every checkpoint in {self.directory} is unreadable ({reasons}); they were "
-               f"moved to {Path(moved[0]).parent} and the run STARTS OVER from step 0 "
+               f"moved to {self._quarantine_root()} and the run STARTS OVER from step 0 "
                "(train.on_unreadable_checkpoints='fail' stops instead)")
     logging.warning("%s", message)
     if is_writer():
@@ -155,16 +156,23 @@ class Checkpointer:
       raise CheckpointError(f"the restored arrays' sha256 {got[:16]}... differs from the "
                             f"{saved[:16]}... saved with them (corrupt data files)")
 
-  def _quarantine(self, step: int) -> Path:
-    """Moves an unreadable step aside (kept for inspection) so it can be re-saved."""
-    target = self.directory.parent / f"{self.directory.name}.corrupt" / str(step)
+  def _quarantine_root(self):
+    return self.directory.parent / f"{self.directory.name}.corrupt"
+
+  def _quarantine(self, step: int):
+    """Moves an unreadable step aside (kept for inspection) so it can be re-saved.
+
+    A sibling folder, so locally a rename within one filesystem; on an object
+    store epath's rename is a copy then a delete, not atomic.
+    """
+    target = self._quarantine_root() / str(step)
     if is_writer():
       target.parent.mkdir(parents=True, exist_ok=True)
       if target.exists():
-        shutil.rmtree(target)
+        target.rmtree()
       source = self.directory / str(step)
       if source.exists():
-        shutil.move(str(source), str(target))
+        source.rename(target)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
     self.manager.reload()

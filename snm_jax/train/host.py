@@ -1,6 +1,6 @@
 """Host-side helpers: device -> host transfers that work with several processes,
 the cadence test, "am I the writer" (only process 0 writes files), and the
-workdir lock (one run per workdir at a time)."""
+workdir lock (one run per workdir at a time; advisory on remote workdirs)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 
 from snm_jax.errors import WorkdirInUseError
+from snm_jax.train.workpath import is_local, workdir_path
 
 LOCK_FILE = "run.lock"
 
@@ -41,13 +42,44 @@ def is_writer() -> bool:
 def _holder(fd: int) -> str:
   """What the lock file says about the run holding it."""
   try:
-    info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-  except (OSError, ValueError):
+    return _describe(os.pread(fd, 4096, 0).decode())
+  except OSError:
+    return _describe("")
+
+
+def _describe(text: str) -> str:
+  try:
+    info = json.loads(text or "{}")
+  except ValueError:
     info = {}
   if not info:
     return "another run (its pid and host are not written yet)"
   since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("since", 0)))
   return f"pid {info.get('pid', '?')} on host {info.get('host', '?')} (since {since})"
+
+
+def _me() -> bytes:
+  return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
+
+
+@contextlib.contextmanager
+def _advisory_lock(workdir):
+  """`workdir_lock` on a remote workdir: the holder is recorded and cleared, nothing is refused."""
+  path = workdir / LOCK_FILE
+  if is_writer():
+    held = path.read_text() if path.exists() else ""
+    if held.strip():
+      logging.warning(
+          "%s names %s: a run still going, or one that died (e.g. preempted) without clearing it. "
+          "Remote workdirs are not locked (object stores have no flock): make sure no other run "
+          "uses %s, or they overwrite each other's checkpoints", path, _describe(held), workdir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_me())
+  try:
+    yield
+  finally:
+    if is_writer():
+      path.write_text("")
 
 
 @contextlib.contextmanager
@@ -61,8 +93,19 @@ def workdir_lock(workdir):
   raises WorkdirInUseError naming the holder's pid and host, before anything in
   the workdir is read or written. The workdir should be on a filesystem with
   working flock (local disks, NFSv4; Linux maps flock to POSIX locks on NFS).
+
+  A remote workdir (gs://...: object stores have no flock and no exclusive
+  create through epath) gets an advisory lock instead (`_advisory_lock`): the
+  holder is written into `run.lock` and cleared at the end, and a run that
+  finds it set logs a warning naming the holder and goes on. One run per
+  remote workdir is then the user's responsibility: a refusal would also stop
+  every resume after a preemption, which leaves the lock set.
   """
-  workdir = Path(workdir)
+  workdir = workdir_path(workdir)
+  if not is_local(workdir):
+    with _advisory_lock(workdir):
+      yield
+    return
   path = workdir / LOCK_FILE
   fd, error = None, None
   if is_writer():
@@ -81,8 +124,7 @@ def workdir_lock(workdir):
       fd = None
     else:
       os.ftruncate(fd, 0)
-      os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                "since": time.time()}).encode(), 0)
+      os.pwrite(fd, _me(), 0)
   if jax.process_count() > 1:  # every process stops, not only process 0
     locked_out = int(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
     if locked_out and error is None:

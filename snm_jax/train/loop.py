@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from pathlib import Path
 
 import jax
 from absl import logging
@@ -25,6 +24,7 @@ from snm_jax.train.host import itstime, workdir_lock
 from snm_jax.train.progress import Progress
 from snm_jax.train.task import state_fingerprint
 from snm_jax.train.tasks import build_task
+from snm_jax.train.workpath import workdir_path
 from snm_jax.train.writers import MetricWriter
 
 
@@ -43,11 +43,12 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
   resumed only by a config whose shape- and trajectory-changing fields equal
   its saved config.json (`checkpointing.check_resume_config`).
 
+  `workdir` is local or any URI etils.epath reads (gs://..., `snm_jax/train/workpath.py`).
   Returns the results dict, or (results, last train state) if `return_state`.
   """
   t_start = time.time()
   builders.validate(config)  # every field the data is not needed for, before any loading
-  workdir = Path(workdir)
+  workdir = workdir_path(workdir)  # local: absolute; a URI (gs://...): as it is
   with workdir_lock(workdir), contextlib.ExitStack() as cleanup:
     _check_saved_config(config, workdir)
 
@@ -120,6 +121,7 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
       if config.train.checkpoint_every >= 0 and (
           itstime(step, config.train.checkpoint_every, num_steps) or progress.stopped_early):
         _check_finite(state, config, ckpt)
+        writer.sync()  # every metrics row up to this step is stored before the checkpoint of it
         ckpt.save(step, state, {"iterator": batches.get_state(),
                                 "progress": {**progress.to_json(), "train_seconds": train_seconds()}})
     jax.block_until_ready(state)
@@ -204,7 +206,7 @@ def _check_finite(state, config, ckpt: Checkpointer) -> int:
   return bad
 
 
-def _check_saved_config(config, workdir: Path) -> None:
+def _check_saved_config(config, workdir) -> None:
   """A workdir with checkpoints may be resumed only by a compatible config (before restoring)."""
   ckpt_dir = workdir / "checkpoints"
   saved = workdir / "config.json"

@@ -6,8 +6,8 @@ the mean, a +-1 std error bar and each seed as a dot.
 
 from __future__ import annotations
 
+import io
 import textwrap
-from pathlib import Path
 
 import matplotlib
 
@@ -15,6 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.ticker  # noqa: E402  pylint: disable=g-import-not-at-top
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
 import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
+from etils import epath  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from snm_jax.train import workpath  # noqa: E402  pylint: disable=g-import-not-at-top
 
 SUBPOPULATIONS = ("all", "head", "torso", "tail")
 _STYLES = ("-", "--", ":")  # Past the 10 colours of the default cycle.
@@ -74,8 +77,9 @@ def train_only_curve(result: dict, metric: str):
   return steps, secs, vals
 
 
-def _save(fig, path, legend_ax=None) -> Path:
-  """Saves; with `legend_ax`, its legend goes in one row band under the panels."""
+def _save(fig, path, legend_ax=None) -> epath.Path:
+  """Saves to `path`, local or remote (gs://..., written whole: `workpath.write_bytes`); with
+  `legend_ax`, its legend goes in one row band under the panels. Returns the path."""
   if legend_ax is None:
     fig.tight_layout()
   else:
@@ -85,9 +89,11 @@ def _save(fig, path, legend_ax=None) -> Path:
     band = (0.06 + 0.045 * rows) * 4.4 / fig.get_figheight()
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, band, 1, 1))
-  path = Path(path)
-  fig.savefig(path, dpi=120)
+  path = workpath.workdir_path(path)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, dpi=120, format=path.suffix.lstrip(".") or None)
   plt.close(fig)
+  workpath.write_bytes(path, buffer.getvalue())
   return path
 
 
@@ -101,7 +107,7 @@ def _band(ax, x, ys, label, **kw):
   return line
 
 
-def plot_learning_curves(results: dict, metric: str, path, title: str = "") -> Path:
+def plot_learning_curves(results: dict, metric: str, path, title: str = "") -> epath.Path:
   """Two panels: `metric` vs training step and vs training wall-clock seconds."""
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   for name, res in results.items():
@@ -119,7 +125,7 @@ def plot_learning_curves(results: dict, metric: str, path, title: str = "") -> P
   return _save(fig, path)
 
 
-def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = "") -> Path:
+def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = "") -> epath.Path:
   """`metric` vs step and vs training seconds (evaluation excluded), mean +- std over seeds.
 
   Args:
@@ -146,7 +152,7 @@ def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = 
   return _save(fig, path, legend_ax=axes[0])
 
 
-def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
+def plot_recall_curves(curves: dict, path, title: str = "") -> epath.Path:
   """recall@r vs r, one panel per subpopulation (all, head, torso, tail).
 
   Args:
@@ -176,7 +182,7 @@ def plot_recall_curves(curves: dict, path, title: str = "") -> Path:
 
 
 def plot_grouped_bars(values: dict, path, ylabel: str, title: str = "",
-                      reference: float | None = None, log: bool = False) -> Path:
+                      reference: float | None = None, log: bool = False) -> epath.Path:
   """Grouped bars: mean +- std over seeds with each seed as a dot.
 
   Args:

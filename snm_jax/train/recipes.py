@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 from absl import logging
@@ -33,6 +32,7 @@ from snm_jax.train.host import is_writer
 from snm_jax.train.overrides import AUTO, parse_search, with_overrides  # noqa: F401
 from snm_jax.train.overrides import is_auto as _is_auto
 from snm_jax.train.run_data import RunData, load_run_data
+from snm_jax.train.workpath import workdir_path, write_text
 
 @dataclasses.dataclass(frozen=True)
 class DataStats:
@@ -149,7 +149,7 @@ def _apply(config, overrides: dict):
 
 def run(config, workdir) -> dict:
   """Derives the recipe's fields, trains every candidate, returns (and writes) the chosen one's results."""
-  workdir = Path(workdir)
+  workdir = workdir_path(workdir)
   if config.dataset.validation_fraction <= 0:
     raise ConfigError("dataset.validation_fraction", "a recipe chooses on a validation split: set it > 0")
   run_data = load_run_data(config)
@@ -188,12 +188,11 @@ def run(config, workdir) -> dict:
     chosen = {**refit, "selected": chosen["selected"]}
   chosen["recipe"] = record
   if is_writer():
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "results.json").write_text(json.dumps(chosen, indent=2, sort_keys=True))
+    write_text(workdir / "results.json", json.dumps(chosen, indent=2, sort_keys=True))
   return chosen
 
 
-def _run_or_load(config, workdir: Path) -> dict:
+def _run_or_load(config, workdir) -> dict:
   """One candidate (a plain run), reused when it finished earlier (`reuse.run_or_load`)."""
   return reuse.run_or_load(workdir, lambda: loop.train_and_evaluate(config, workdir),
                            f"candidate {workdir.name}", log=logging.info)

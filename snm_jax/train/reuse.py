@@ -8,8 +8,9 @@ import it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Callable
+
+from snm_jax.train.workpath import workdir_path
 
 
 def _say(message: str) -> None:
@@ -20,7 +21,7 @@ def run_or_load(workdir, train: Callable[[], dict], name: str = "",
                 log: Callable[[str], None] = _say) -> dict:
   """results.json of `workdir` if the run finished there, else `train()` (which resumes from the
   workdir's checkpoints). `log` gets one line saying which."""
-  workdir = Path(workdir)
+  workdir = workdir_path(workdir)
   done = workdir / "results.json"
   name = name or workdir.name
   if done.exists():
