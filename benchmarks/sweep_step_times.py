@@ -31,6 +31,10 @@ _OUT = flags.DEFINE_string("out", None, "JSON file to write.", required=True)
 _REPS = flags.DEFINE_integer("reps", 20, "Timed rounds (one step of every point per round).")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps of each point first (compilation).")
 _ONLY = flags.DEFINE_list("only", None, "Time only these points.")
+_REFERENCE = flags.DEFINE_string(
+    "reference", None, "Add --only points to the existing --out file: time them interleaved with this "
+    "point (already in the file) and scale by its recorded time, ms = ms_file[ref] x t / t[ref]: a "
+    "ratio measured in one run, so a later, busier run still fits the file's scale.")
 
 
 def _shared_run_data():
@@ -64,7 +68,8 @@ def _stepper(task):
 def main(argv):
   del argv
   sweep = load_sweep(_SWEEP.value)
-  points = [p for p in sweep.points if not _ONLY.value or p.name in _ONLY.value]
+  wanted = set(_ONLY.value or ()) | ({_REFERENCE.value} if _REFERENCE.value else set())
+  points = [p for p in sweep.points if not wanted or p.name in wanted]
   classification.load_run_data = _shared_run_data()
   steppers = {}
   for point in points:
@@ -85,6 +90,15 @@ def main(argv):
       "load_average": os.getloadavg(), "machine": common.machine_description(),
       "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
   }
+  if _REFERENCE.value:
+    ref = _REFERENCE.value
+    saved = json.loads(open(_OUT.value).read())
+    scale = saved["ms_per_step"][ref] / payload["ms_per_step"][ref]
+    added = {n: ms * scale for n, ms in payload["ms_per_step"].items() if n != ref}
+    saved["ms_per_step"].update(added)
+    saved.setdefault("added_by_reference", []).append({**payload, "reference": ref, "scale": scale,
+                                                       "added": added})
+    payload = saved
   out = common.write_json(os.path.dirname(_OUT.value) or ".", os.path.basename(_OUT.value)[:-5], payload)
   print(json.dumps(payload["ms_per_step"], indent=1))
   print(f"wrote {out}")

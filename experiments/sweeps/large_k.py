@@ -1,18 +1,20 @@
 r"""The papers' claims where they are made: K = 10^5 and 10^6 labels, B/K <= 4 %, equal wall-clock.
 
-  python -m benchmarks.sweep_step_times --sweep=experiments/sweeps/large_k.py:1e5 \
+  python -m benchmarks.sweep_step_times --sweep=experiments/sweeps/large_k.py:1e5,uncalibrated \
       --out=results/large_k/step_times_1e5.json          # once per machine: the budget's exchange rate
   python -m experiments.ablate --sweep=experiments/sweeps/large_k.py:1e5 --workdir=/tmp/large_k_1e5
   python -m experiments.ablate --sweep=experiments/sweeps/large_k.py:1e6 --workdir=/tmp/large_k_1e6
   python -m experiments.large_k_report --workdirs=/tmp/large_k_1e5,/tmp/large_k_1e6 --out=results/large_k
 
 Argument: "1e5" (default) or "1e6", the number of labels K, optionally ",budget=<seconds>" (the
-calibrated train seconds per method; default SIZES[...]["budget_seconds"]).
+calibrated train seconds per method; default SIZES[...]["budget_seconds"]) or ",uncalibrated" (the
+points without their run lengths: what the step-time benchmark times).
 
 The problem is the synthetic generator (`snm_jax.data.synthetic`: long-tailed labels inside
 sub-clusters, dense 64-d features, known p(y|x)), so every method is scored against the
 Bayes-optimal top-k. Methods: SNM top-k (k = 1, 16, 64; both vartheta normalisations at
-B = 4,096), negative sampling (vartheta = 1/B), sampled softmax with the logQ correction, mined
+B = 4,096), negative sampling (vartheta = 1/B: the SNM paper's baseline), uniform negative sampling
+with Bamler & Mandt's Eq. 2 (their baseline: the tree's loss and draws per example, uniform), sampled softmax with the logQ correction, mined
 sampled softmax (k = 16, 64), the adversarial tree sampler (Bamler & Mandt's Eq. 6, Eq. 5 bias
 removal at prediction), SNM top-16 over tree-sampled negatives, and the full softmax (K = 10^5).
 
@@ -63,24 +65,29 @@ def _points(size: str) -> tuple[Point, ...]:
                    "SNM top-16 of 64 tree draws/example")
   small_b = tuple(Point(f"b1024_{p.name}", {**p.overrides, "mining.num_samples": 1024}, f"{p.label}, B=1,024")
                   for p in (*snm, ns, ssm))
+  uniform = Point("uniform_s64", {"loss.kind": "logistic_ns", "mining.sampler": "uniform", "mining.per_example": True,
+                                  "mining.num_samples": 64, "loss.logit_scale": SOFTMAX_SCALE},
+                  "uniform negative sampling (Eq. 2), 64/example")
   tree16 = Point("tree_s16", {**tree.overrides, "mining.num_samples": 16},
                  "adversarial tree (Eq. 6 + Eq. 5), 16/example")
   full = Point("full_softmax", {"loss.kind": "full_softmax", "mining.sampler": "full",
                                 "loss.logit_scale": SOFTMAX_SCALE}, "full softmax")
   if size == "1e6":  # the issue's minimum at 10^6: SNM top-16, negative sampling, the tree sampler
-    return (snm[1], ns, tree)
-  return (*snm, *snm_expect, ns, ssm, *msm, tree, tree_snm, full, *small_b, tree16)
+    return (snm[1], ns, tree, uniform)
+  return (*snm, *snm_expect, ns, ssm, *msm, tree, tree_snm, full, *small_b, tree16, uniform)
 
 
 def step_times_path(size: str) -> Path:
   return REPO / "results" / "large_k" / f"step_times_{size}.json"
 
 
-def _calibrated_steps(size: str, points, budget_seconds: float) -> dict[str, int] | None:
-  """Steps per point from the committed step times (None when not calibrated yet)."""
+def _calibrated_steps(size: str, points, budget_seconds: float) -> dict[str, int]:
+  """Steps per point from the committed step times."""
   path = step_times_path(size)
   if not path.is_file():
-    return None
+    raise ValueError(f"{path} does not exist: measure the step times first (python -m "
+                     f"benchmarks.sweep_step_times --sweep=experiments/sweeps/large_k.py:{size},uncalibrated "
+                     f"--out={path})")
   times = json.loads(path.read_text())["ms_per_step"]
   missing = [p.name for p in points if p.name not in times]
   if missing:
@@ -94,14 +101,18 @@ def get_sweep(arg: str = "1e5") -> Sweep:
   if size not in SIZES:
     raise ValueError(f"large_k sweep argument {size!r}: one of {sorted(SIZES)}")
   s = dict(SIZES[size])
+  uncalibrated = False
   for option in options:
     key, _, value = option.partition("=")
-    if key != "budget" or not value.replace(".", "", 1).isdigit() or float(value) <= 0:
-      raise ValueError(f"large_k sweep option {option!r}: only budget=<seconds > 0>")
-    s["budget_seconds"] = float(value)
+    if option == "uncalibrated":  # what benchmarks/sweep_step_times.py times
+      uncalibrated = True
+    elif key != "budget" or not value.replace(".", "", 1).isdigit() or float(value) <= 0:
+      raise ValueError(f"large_k sweep option {option!r}: budget=<seconds > 0> or uncalibrated")
+    else:
+      s["budget_seconds"] = float(value)
   points = _points(size)
-  steps = _calibrated_steps(size, points, s["budget_seconds"])
-  if steps is not None:  # each point's run length: its share of the equal budget
+  if not uncalibrated:  # each point's run length: its share of the equal budget
+    steps = _calibrated_steps(size, points, s["budget_seconds"])
     points = tuple(Point(p.name, {**p.overrides, **_schedule(steps[p.name])}, p.label) for p in points)
   return Sweep(
       title=f"Large K (K = {s['num_labels']:,}): the papers' methods at equal wall-clock",

@@ -125,12 +125,15 @@ def plot_learning_curves(results: dict, metric: str, path, title: str = "") -> e
   return _save(fig, path)
 
 
-def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = "") -> epath.Path:
+def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = "",
+                                    seconds_label: str = "training time (s, wall clock, evaluation "
+                                    "excluded; mean over seeds)") -> epath.Path:
   """`metric` vs step and vs training seconds (evaluation excluded), mean +- std over seeds.
 
   Args:
     runs: {label: [results.json dict of each seed]}; the seeds of one label
       share their evaluation steps.
+    seconds_label: the x label of the seconds panel (what the results' train_seconds are).
   """
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
   for j, (label, seeds) in enumerate(runs.items()):
@@ -144,7 +147,7 @@ def plot_learning_curves_over_seeds(runs: dict, metric: str, path, title: str = 
     _band(axes[1], secs, vals, label, marker="o", markersize=3, color=line.get_color(),
           linestyle=style)
   axes[0].set_xlabel("training step")
-  axes[1].set_xlabel("training time (s, wall clock, evaluation excluded; mean over seeds)")
+  axes[1].set_xlabel(seconds_label)
   for ax in axes:
     ax.set_ylabel(f"test {metric}")
     ax.grid(alpha=0.3)

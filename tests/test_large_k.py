@@ -1,0 +1,93 @@
+"""The large-K sweep's equal-time budget and the report's verdict rules."""
+
+import json
+import math
+
+import pytest
+
+from experiments import large_k_report
+from experiments.sweeps import large_k
+from experiments.sweeps.spec import load_sweep
+
+
+def test_steps_are_the_budget_over_each_points_step_time():
+  sweep = load_sweep("experiments/sweeps/large_k.py:1e5")
+  times = json.loads(large_k.step_times_path("1e5").read_text())["ms_per_step"]
+  budget = large_k.SIZES["1e5"]["budget_seconds"]
+  for p in sweep.points:
+    steps = p.overrides["train.num_steps"]
+    assert steps % large_k.EVALS_PER_RUN == 0
+    assert abs(steps * times[p.name] / 1000 - budget) <= times[p.name] * large_k.EVALS_PER_RUN / 1000
+    assert p.overrides["train.eval_every"] == steps // large_k.EVALS_PER_RUN
+  names = [p.name for p in sweep.points]
+  assert {"snm_k16", "ns", "ssm", "tree_s64", "uniform_s64", "full_softmax", "b1024_ns"} <= set(names)
+  by_name = {p.name: p.overrides["train.num_steps"] for p in sweep.points}
+  assert by_name["snm_k16"] > 10 * by_name["full_softmax"]  # equal time, not equal steps
+  double = {p.name: p.overrides["train.num_steps"] for p in
+            load_sweep(f"experiments/sweeps/large_k.py:1e5,budget={2 * budget}").points}
+  assert all(abs(double[n] - 2 * by_name[n]) <= large_k.EVALS_PER_RUN for n in names)
+
+
+def test_uncalibrated_points_and_bad_arguments():
+  points = load_sweep("experiments/sweeps/large_k.py:1e5,uncalibrated").points
+  assert all("train.num_steps" not in p.overrides for p in points)
+  with pytest.raises(ValueError, match="one of"):
+    load_sweep("experiments/sweeps/large_k.py:1e7")
+  with pytest.raises(ValueError, match="budget"):
+    load_sweep("experiments/sweeps/large_k.py:1e5,budget=-3")
+
+
+def test_missing_step_time_is_an_error(tmp_path, monkeypatch):
+  path = tmp_path / "step_times_1e5.json"
+  path.write_text(json.dumps({"ms_per_step": {"snm_k1": 5.0}}))
+  monkeypatch.setattr(large_k, "step_times_path", lambda size: path)
+  with pytest.raises(ValueError, match="no step time for"):
+    large_k.get_sweep("1e5")
+  monkeypatch.setattr(large_k, "step_times_path", lambda size: tmp_path / "missing.json")
+  with pytest.raises(ValueError, match="measure the step times first"):
+    large_k.get_sweep("1e5")
+
+
+def test_print_commands_lists_every_run(tmp_path, capsys):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from experiments import ablate  # pylint: disable=g-import-not-at-top
+  flags.FLAGS(["ablate", "--sweep=experiments/sweeps/large_k.py:1e5", f"--workdir={tmp_path}",
+               "--print_commands"])
+  try:
+    ablate.main(["ablate"])
+  finally:
+    flags.FLAGS.unparse_flags()
+  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("python -m experiments.train")]
+  assert len(lines) == len(load_sweep("experiments/sweeps/large_k.py:1e5").points) * 3
+  assert any("--config.dataset.synthetic.num_labels=100000" in l and "--config.mining.sampler=tree" in l
+             for l in lines)
+
+
+def _res(curve, steps_per_eval=10, tree_fit=0.0):
+  history = [{"step": (i + 1) * steps_per_eval, "train_seconds": 0.0, "R@5": v} for i, v in enumerate(curve)]
+  return {"history": history, "steps": history[-1]["step"], "train_seconds": 0.0,
+          "final": {"R@5": curve[-1]}, "tree_fit_seconds": tree_fit}
+
+
+def test_time_to_reach_interpolates_calibrated_seconds():
+  res = large_k_report.calibrated(_res([0.1, 0.3, 0.5]), ms_per_step=100.0)  # 1 s per evaluation
+  assert res["history"][-1]["train_seconds"] == pytest.approx(3.0)
+  assert large_k_report.time_to_reach(res, "R@5", 0.4) == pytest.approx(2.5)
+  assert large_k_report.time_to_reach(res, "R@5", 0.6) == math.inf
+  with_fit = large_k_report.calibrated(_res([0.1, 0.3, 0.5], tree_fit=7.0), ms_per_step=100.0)
+  assert large_k_report.time_to_reach(with_fit, "R@5", 0.5) == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("ratios,verdict", [
+    ({"R@1": [1.5, 1.4], "R@5": [1.3, 1.25], "P@1": [1.5, 1.4]}, "reproduced"),
+    ({"R@1": [1.1, 1.05], "R@5": [1.02, 0.99], "P@1": [1.3, 1.25]}, "not reproduced"),
+    ({"R@1": [0.8, 0.9], "R@5": [0.7, 0.95], "P@1": [1.3, 1.25]}, "refuted"),
+])
+def test_snm_verdict_rule(ratios, verdict):
+  assert large_k_report.snm_verdict(ratios)[0] == verdict
+
+
+def test_tree_verdict_rule():
+  assert large_k_report.tree_verdict(12.0, 0.5, 0.4) == "reproduced"
+  assert large_k_report.tree_verdict(3.0, 0.5, 0.4) == "not reproduced"
+  assert large_k_report.tree_verdict(math.inf, 0.3, 0.4) == "refuted"
