@@ -91,3 +91,15 @@ def test_tree_verdict_rule():
   assert large_k_report.tree_verdict(12.0, 0.5, 0.4) == "reproduced"
   assert large_k_report.tree_verdict(3.0, 0.5, 0.4) == "not reproduced"
   assert large_k_report.tree_verdict(math.inf, 0.3, 0.4) == "refuted"
+
+
+def test_open_problems_verdict_rule():
+  from experiments import open_problems_report as opr  # pylint: disable=g-import-not-at-top
+  runs = {"base": {s: {"final": {"R@5": 0.40}} for s in range(3)},
+          "up": {s: {"final": {"R@5": 0.41 + 0.001 * s}} for s in range(3)},
+          "mixed": {0: {"final": {"R@5": 0.39}}, 1: {"final": {"R@5": 0.41}}, 2: {"final": {"R@5": 0.40}}}}
+  assert opr.paired(runs, "up", "base", "R@5") == pytest.approx([0.01, 0.011, 0.012])
+  assert opr.verdict(opr.paired(runs, "up", "base", "R@5")) == "helps"
+  assert opr.verdict([-0.01, -0.02, -0.001]) == "hurts"
+  assert opr.verdict(opr.paired(runs, "mixed", "base", "R@5")) == "no measurable difference"
+  assert opr.verdict([0.1, 0.2]).startswith("not enough seeds")
