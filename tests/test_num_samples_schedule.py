@@ -158,6 +158,11 @@ def test_schedule_checks_that_need_K():
   builders.validate(config(**{"mining.sampler": "exact", "mining.num_samples_schedule": ((0, 12), (3, 20))}), K)
   # The schedule replaces mining.num_samples: a k above it but not above any phase's B is fine.
   builders.validate(config(**{"mining.num_samples": 2, "mining.num_samples_schedule": ((0, 8),)}), K)
+  # Each phase's vartheta: the floor 1.0 is below (K-1)/(kB) = 255/32 at B = 8, above 255/512 at B = 128.
+  floored = config(**{"mining.floor": 1.0, "mining.num_samples_schedule": ((0, 8), (3, 128))})
+  with pytest.raises(ConfigError, match=r"mining\.num_samples_schedule: phase \(3, 128\): .*floor"):
+    builders.validate(floored, K)
+  builders.validate(config(**{"mining.floor": 1.0, "mining.num_samples_schedule": ((0, 8), (3, 16))}), K)
 
 
 def test_schedule_from_the_command_line():

@@ -9,10 +9,11 @@ A schedule is a tuple of (start_step, B) pairs sorted by start_step, the
 first at 0, e.g. ((0, 1024), (4000, 2048), (8000, 4096)). Phase p trains the
 states with start_p <= state.step < start_{p+1} (the steps the logs number
 start_p + 1 ... start_{p+1}) with B_p negatives and with the loss B_p defines:
-vartheta's normalisation (K-1)/(kB) (`losses.vartheta`), S = B in Eq. 6's
-log S, the logQ counts log(B q) of the softmaxes and NCE, mined_softmax's k of
-B. An empty schedule is B = `mining.num_samples` at every step; with a
-schedule, `mining.num_samples` is not used.
+vartheta over B_p ((K-1)/(kB) with vartheta_norm="expectation", 1/B for
+negative sampling's "mean"; `losses.vartheta`), S = B in Eq. 6's log S, the
+logQ counts log(B q) of the softmaxes and NCE, mined_softmax's k of B. An
+empty schedule is B = `mining.num_samples` at every step; with a schedule,
+`mining.num_samples` is not used.
 
 Shapes stay static: a train step is built per distinct B before training
 (`phased_step`), each compiled once (`max_traces=1`), and `PhasedStep` picks
