@@ -105,6 +105,13 @@ def base_config() -> ml_collections.ConfigDict:
   # replacement: an approximation of Algorithm 1, see mining.sampler="exact").
   c.mining.per_example = False
   c.mining.num_samples = 1024     # B.
+  # B growing during training (Reddi et al. 2019 leave it open, Sec. 7): ((start_step, B), ...) sorted, the
+  # first at 0, e.g. ((0, 1024), (4000, 2048), (8000, 4096)): the states at state.step >= start_step (logged
+  # steps start_step + 1, ...) draw B negatives and use the loss B defines (vartheta, logQ counts). () = B is
+  # mining.num_samples throughout; with a schedule mining.num_samples is unused. One step compiled per B
+  # (snm_jax/train/sample_schedule.py). Samplers uniform, unigram, exact, tree. Command line:
+  # --config.mining.num_samples_schedule="((0,1024),(4000,2048))". Not changeable on resume.
+  c.mining.num_samples_schedule = ()
   c.mining.num_strata = 8         # V: sampling strata; the mesh's model size must divide it.
   c.mining.unigram_power = 1.0    # p(y) ~ count^power for the unigram sampler.
   c.mining.k = 16                 # Hardest negatives kept (vartheta's support; mined_softmax: those with gradient).

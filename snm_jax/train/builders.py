@@ -14,7 +14,7 @@ from snm_jax.errors import ConfigError
 from snm_jax.losses import registry as losses_registry
 from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, padded_num_labels, unigram_stratum_cdf
 from snm_jax.models.towers import LinearQuery, MLPTower, SNMTower, WideDeepQuery
-from snm_jax.train import row_optimizers
+from snm_jax.train import row_optimizers, sample_schedule
 # The override helpers, also under their old home here (experiments/train.py, tests).
 from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config_fields,  # noqa: F401
                                      is_auto, parse_search, unknown_field_error)
@@ -267,7 +267,10 @@ def validate(config, num_labels: int | None = None) -> None:
   _real("mining.floor", mi.floor, 0)
   if mi.vartheta == "power_law":
     _real("mining.power_alpha", mi.power_alpha, 0)
-  if given("mining.num_samples"):
+  schedule = _field(mi, "num_samples_schedule", ())
+  if schedule:  # B per phase; mining.num_samples is unused
+    _validate_num_samples_schedule(config, schedule, given)
+  elif given("mining.num_samples"):
     b = mi.num_samples
     if not (_is_int(b) and b >= 1):
       raise ConfigError("mining.num_samples", f"B must be an integer >= 1, got {b!r}")
@@ -364,10 +367,67 @@ def validate(config, num_labels: int | None = None) -> None:
     return
   if num_labels < 2:
     raise ConfigError("dataset.name", f"needs at least 2 labels, got {num_labels}")
+  if schedule:
+    _validate_schedule_with_labels(config, num_labels)
+    return
   if config.mining.sampler == "exact" and not config.mining.num_samples < num_labels:
     raise ConfigError("mining.num_samples", f"the exact sampler draws B distinct negatives: "
                       f"B={config.mining.num_samples} must be < K={num_labels}")
   make_loss_spec(config, num_labels)  # vartheta construction errors
+
+
+# mining.sampler values that take mining.num_samples_schedule: every sampler that draws B (the
+# stratified ones need B divisible by mining.num_strata in every phase); "full" scores all K.
+SCHEDULE_SAMPLERS = ("uniform", "unigram", "exact", "tree")
+
+
+def _validate_num_samples_schedule(config, schedule, given) -> None:
+  """mining.num_samples_schedule ((start_step, B), ...), without the data: the form (sorted
+  pairs of integers, the first at step 0), the sampler, B divisible by the strata of a
+  stratified sampler, and k <= B for the losses that mine the top k."""
+  field, mi = sample_schedule.FIELD, config.mining
+  form = ("((start_step, B), ...) with integer start steps increasing from 0 and B >= 1, e.g. "
+          "((0, 1024), (4000, 2048)); () = mining.num_samples throughout")
+  pairs = tuple(schedule) if isinstance(schedule, (tuple, list)) else None
+  if pairs is None or not all(isinstance(p, (tuple, list)) and len(p) == 2 and _is_int(p[0])
+                              and _is_int(p[1]) for p in pairs):
+    raise ConfigError(field, f"must be {form}, got {schedule!r}")
+  starts = [p[0] for p in pairs]
+  if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+    raise ConfigError(field, f"start steps {starts} must begin at 0 and increase strictly: {form}")
+  for start, b in pairs:
+    if b < 1:
+      raise ConfigError(field, f"phase ({start}, {b}): B must be >= 1")
+  if _field(config, "task", "classification") != "classification":
+    raise ConfigError(field, f"task={config.task} samples no negatives: must be ()")
+  if given("mining.sampler"):
+    if mi.sampler not in SCHEDULE_SAMPLERS:
+      raise ConfigError(field, f"mining.sampler={mi.sampler!r} scores every label (no B to "
+                        f"schedule): must be (); samplers that take one: {list(SCHEDULE_SAMPLERS)}")
+    if mi.sampler in ("uniform", "unigram"):
+      for start, b in pairs:
+        if b % mi.num_strata:
+          raise ConfigError(field, f"phase ({start}, {b}): B={b} must be divisible by "
+                            f"mining.num_strata={mi.num_strata} (each stratum draws B / V)")
+  if given("loss.kind") and config.loss.kind in ("bowl", "powl", "mined_softmax"):
+    _int("mining.k", mi.k, 1)
+    for start, b in pairs:
+      if mi.k > b:
+        raise ConfigError(field, f"phase ({start}, {b}): B={b} is less than mining.k={mi.k} "
+                          f"({config.loss.kind} keeps the k hardest of the B negatives)")
+
+
+def _validate_schedule_with_labels(config, num_labels: int) -> None:
+  """The schedule's checks that need K: B < K for the exact sampler, and each phase's loss
+  (its vartheta) built as a fixed-B run with that B builds it."""
+  for start, b in sample_schedule.phases(config):
+    if config.mining.sampler == "exact" and not b < num_labels:
+      raise ConfigError(sample_schedule.FIELD, f"phase ({start}, {b}): the exact sampler draws B "
+                        f"distinct negatives: B={b} must be < K={num_labels}")
+    try:
+      make_loss_spec(sample_schedule.phase_config(config, b), num_labels)
+    except ConfigError as e:
+      raise ConfigError(sample_schedule.FIELD, f"phase ({start}, {b}): {e}") from None
 
 
 def _validate_files(d) -> None:

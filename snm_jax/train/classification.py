@@ -10,6 +10,7 @@ debiasing, log-likelihood and Bayes comparison, `snm_jax.train.evaluate`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -21,7 +22,7 @@ from snm_jax.data.conversions import conversion_fn
 from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, make_global_batch, process_data_slice
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
-from snm_jax.train import builders
+from snm_jax.train import builders, sample_schedule
 from snm_jax.train.diagnostics import make_diagnose, probe_batch
 from snm_jax.train.evaluate import make_evaluate
 from snm_jax.train.run_data import load_run_data
@@ -63,24 +64,40 @@ def build(config, mesh) -> Task:
 
   tower, dim = builders.make_tower(config, run_data.num_features)
   table_rows = padded_num_labels(num_labels, config.mining.num_strata)
+  schedule = sample_schedule.phases(config)  # ((start_step, B), ...): one phase without a schedule
   t_fit = time.perf_counter()
   tree_info = {}
   if config.mining.sampler == "tree":
     (sampler, reports), cdf = _fit_tree(config, run_data), None
     tree_info = {"tree_rounds_per_level": [r.iterations for r in reports],
                  "tree_levels_converged": [r.converged for r in reports]}
-  else:
-    sampler, cdf = builders.make_sampler(config, num_labels, run_data.label_counts)
+  else:  # B is the first phase's (mining.num_samples_schedule; mining.num_samples without one)
+    sampler, cdf = builders.make_sampler(sample_schedule.phase_config(config, schedule[0][1]),
+                                         num_labels, run_data.label_counts)
   tree_fit_seconds = time.perf_counter() - t_fit if config.mining.sampler == "tree" else 0.0
   tx = builders.make_tower_optimizer(config)
   row_opt = builders.make_row_optimizer(config)
   normalize_classes = builders.resolve_normalize_classes(config)
   cdf_dev = None if cdf is None else jax.device_put(cdf, sharding.named(mesh, jax.P(sharding.MODEL)))
-  train_step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
-                               table_lr=builders.make_table_schedule(config), sampler=sampler,
-                               loss=builders.make_loss_spec(config, num_labels), mesh=mesh,
-                               normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
-                               table_rows=table_rows, max_traces=1)
+
+  def sampler_and_loss(b):
+    """The sampler and loss of a phase of B samples, as a fixed-B run builds them (the fitted
+    tree and the stratum cdf do not depend on B, only the number of draws does)."""
+    b_config = sample_schedule.phase_config(config, b)
+    if config.mining.sampler == "tree":
+      b_sampler = dataclasses.replace(sampler, num_samples=b)
+    else:
+      b_sampler = builders.make_sampler(b_config, num_labels, run_data.label_counts)[0]
+    return b_sampler, builders.make_loss_spec(b_config, num_labels)
+
+  def train_step_for(b):
+    b_sampler, loss = sampler_and_loss(b)
+    return make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
+                           table_lr=builders.make_table_schedule(config), sampler=b_sampler, loss=loss,
+                           mesh=mesh, normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
+                           table_rows=table_rows, max_traces=1)
+
+  train_step = sample_schedule.phased_step(schedule, train_step_for)
 
   # This process's block of the global batch under the mesh (not jax.process_index():
   # processes that share a data shard, e.g. a model axis spanning hosts, feed the same rows).
@@ -104,14 +121,19 @@ def build(config, mesh) -> Task:
     evaluators["validation"] = make_evaluate(config, run_data, "validation", **eval_kwargs)
   diagnose = None
   if config.get("diagnostics") is not None and config.diagnostics.every > 0:
-    diagnose = make_diagnose(
-        tower_apply=tower.apply, sampler=sampler, loss=builders.make_loss_spec(config, num_labels),
-        mesh=mesh, normalize_classes=normalize_classes, num_labels=num_labels,
-        probe=probe_batch(run_data.train.features, run_data.train.labels, config.diagnostics.probe_size,
-                          mesh, max_nnz=batcher.max_nnz, max_labels=batcher.max_labels,
-                          batcher_cls=type(batcher)),
-        k=config.diagnostics.k or config.mining.k, snr_draws=config.diagnostics.snr_draws,
-        seed=config.seed, stratum_cdf=cdf_dev, table_rows=table_rows, row_block=config.eval.row_block)
+    probe = probe_batch(run_data.train.features, run_data.train.labels, config.diagnostics.probe_size,
+                        mesh, max_nnz=batcher.max_nnz, max_labels=batcher.max_labels,
+                        batcher_cls=type(batcher))
+
+    def diagnose_for(b):  # the sampler and loss of the phase that trains the diagnosed state
+      b_sampler, loss = sampler_and_loss(b)
+      return make_diagnose(
+          tower_apply=tower.apply, sampler=b_sampler, loss=loss, mesh=mesh,
+          normalize_classes=normalize_classes, num_labels=num_labels, probe=probe,
+          k=config.diagnostics.k or config.mining.k, snr_draws=config.diagnostics.snr_draws,
+          seed=config.seed, stratum_cdf=cdf_dev, table_rows=table_rows, row_block=config.eval.row_block)
+
+    diagnose = sample_schedule.phased_diagnose(schedule, diagnose_for)
   return Task(state=state, train_step=train_step, batches=GlobalBatches(batcher, mesh),
               evaluators=evaluators, diagnostics=diagnose,
               info={"dataset": run_data.source, "num_labels": num_labels,
