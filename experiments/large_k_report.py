@@ -62,13 +62,23 @@ def read_diagnostics(root: epath.Path, runs: dict, saved: epath.Path) -> dict:
   return out
 
 
-def calibrated(res: dict, ms_per_step: float) -> dict:
-  """A copy of a results.json whose seconds are calibrated: step x ms_per_step (+ the tree fit)."""
-  out = copy.deepcopy(res)
+def calibrated(res: dict, ms_per_step) -> dict:
+  """A copy of a results.json whose seconds are calibrated: steps x the step time (+ the tree fit).
+  ms_per_step: a number, or [(start_step, ms), ...] for a run whose step time changes by phase."""
+  phases = [(0, ms_per_step)] if isinstance(ms_per_step, (int, float)) else list(ms_per_step)
   offset = res.get("tree_fit_seconds", 0.0)
+
+  def seconds(step):
+    total = 0.0
+    for i, (start, ms) in enumerate(phases):
+      end = phases[i + 1][0] if i + 1 < len(phases) else math.inf
+      total += max(0, min(step, end) - start) * ms / 1000
+    return offset + total
+
+  out = copy.deepcopy(res)
   for h in out.get("history", []):
-    h["train_seconds"] = offset + h["step"] * ms_per_step / 1000
-  out["train_seconds"] = offset + res["steps"] * ms_per_step / 1000
+    h["train_seconds"] = seconds(h["step"])
+  out["train_seconds"] = seconds(res["steps"])
   out["train_seconds_excludes_eval"] = True
   return out
 
@@ -189,7 +199,8 @@ def size_section(root: epath.Path, out_root: epath.Path) -> tuple[list[str], dic
   write_text(out / "diagnostics.json", json.dumps(diag, indent=1))
 
   points = [p for p in sweep.points if p.name in runs]
-  cal = {p.label: [calibrated(runs[p.name][s], ms[p.name]) for s in sorted(runs[p.name])] for p in points}
+  phases = {p.name: large_k.ms_phases(p.name, p.overrides, ms) for p in points}
+  cal = {p.label: [calibrated(runs[p.name][s], phases[p.name]) for s in sorted(runs[p.name])] for p in points}
   plots.plot_learning_curves_over_seeds(
       cal, "R@5", out / "quality_vs_seconds.png", title=f"{sweep.title}: test R@5",
       seconds_label="calibrated training seconds (steps x measured step time; + tree fit)")
@@ -210,7 +221,7 @@ def size_section(root: epath.Path, out_root: epath.Path) -> tuple[list[str], dic
   for p in points:
     rs = list(runs[p.name].values())
     base = "b1024_ns" if p.name.startswith("b1024_") else "ns"
-    row = [p.label, len(rs), rs[0]["steps"], f"{calibrated(rs[0], ms[p.name])['train_seconds']:.0f}"]
+    row = [p.label, len(rs), rs[0]["steps"], f"{calibrated(rs[0], phases[p.name])['train_seconds']:.0f}"]
     row += [sweep_report.fmt([r["final"][m] for r in rs]) for m in (*CLAIM_METRICS, "PSP@5")]
     row += [sweep_report.fmt([r["final"]["R@5"] / r["final"]["bayes/R@5"] for r in rs], 3)]
     row += [sweep_report.fmt(sweep_report.ratios(runs, p.name, base, m), 2) if base in runs else "-"

@@ -54,7 +54,8 @@ def verdict(diffs: list[float]) -> str:
   return "no measurable difference"
 
 
-def render(runs: dict, labels: dict, ms: dict, out) -> list[str]:
+def render(runs: dict, points_of: dict, ms: dict, out) -> list[str]:
+  labels = {n: p.label for n, p in points_of.items()}
   md = ["# Open problems of Reddi et al. (2019), measured at K = 10^5", "",
         "Setting: the large-K sweep at K = 100,000 (`results/large_k/report.md`): synthetic data with a "
         "known p(y|x), every method trained for the same calibrated time, the state with the best "
@@ -72,13 +73,14 @@ def render(runs: dict, labels: dict, ms: dict, out) -> list[str]:
     for p in present:
       rs = [runs[p][s] for s in sorted(runs[p])]
       diffs = paired(runs, p, base, "R@5")
-      rows.append([labels[p], len(rs), f"{ms[p]:.2f}" if p in ms else "-", rs[0]["steps"],
+      cost = " -> ".join(f"{m:.2f}" for _, m in large_k.ms_phases(p, points_of[p].overrides, ms))
+      rows.append([labels[p], len(rs), cost, rs[0]["steps"],
                    *[sweep_report.fmt([r["final"][m] for r in rs]) for m in METRICS],
                    "baseline" if p == base else ", ".join(f"{d:+.4f}" for d in diffs),
                    "" if p == base else verdict(diffs)])
     md += sweep_report._table(head, rows) + [""]  # pylint: disable=protected-access
-    cal = {labels[p]: [large_k_report.calibrated(runs[p][s], ms[p]) for s in sorted(runs[p])]
-           for p in present if p in ms}
+    cal = {labels[p]: [large_k_report.calibrated(runs[p][s], large_k.ms_phases(p, points_of[p].overrides, ms))
+                       for s in sorted(runs[p])] for p in present}
     fig = f"question{i + 1}.png"
     plots.plot_learning_curves_over_seeds(cal, "R@5", out / fig, title=question,
                                           seconds_label="calibrated training seconds")
@@ -95,9 +97,8 @@ def main(argv):
   sweep, runs, _ = sweep_report.load(workdir_path(_WORKDIRS.value[0]))
   size = large_k_report.size_of(sweep)
   ms = json.loads(large_k.step_times_path(size).read_text())["ms_per_step"]
-  labels = {p.name: p.label for p in sweep.points}
   path = out / "report.md"
-  write_text(path, "\n".join(render(runs, labels, ms, out)) + "\n")
+  write_text(path, "\n".join(render(runs, {p.name: p for p in sweep.points}, ms, out)) + "\n")
   print(f"wrote {path}")
 
 

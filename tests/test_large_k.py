@@ -16,6 +16,13 @@ def test_steps_are_the_budget_over_each_points_step_time():
   budget = large_k.SIZES["1e5"]["budget_seconds"]
   for p in sweep.points:
     steps = p.overrides["train.num_steps"]
+    if p.name == large_k.ADAPTIVE:  # a third of the budget at each B, at the fixed-B points' step times
+      phases = large_k.ms_phases(p.name, p.overrides, times)
+      ends = [s for s, _ in phases[1:]] + [steps]
+      spent = [(end - start) * ms / 1000 for (start, ms), end in zip(phases, ends)]
+      assert [b for _, b in p.overrides["mining.num_samples_schedule"]] == [1024, 2048, 4096]
+      assert spent == pytest.approx([budget / 3] * 3, abs=0.01)
+      continue
     assert steps % large_k.EVALS_PER_RUN == 0
     assert abs(steps * times[p.name] / 1000 - budget) <= times[p.name] * large_k.EVALS_PER_RUN / 1000
     assert p.overrides["train.eval_every"] == steps // large_k.EVALS_PER_RUN

@@ -44,6 +44,10 @@ SIZES = {
 EVALS_PER_RUN = 8  # evaluations (and diagnostics, checkpoints) per run: the learning curves' points
 SOFTMAX_SCALE = 10.0  # logit scale of the softmax-family and logistic losses (cosine scores in [-1, 1])
 
+# Reddi et al.'s Sec. 7 open problem (issue 19): B grown during training, a third of the time budget at
+# each B; each phase's steps are its time share over the step time of the fixed-B point of that B.
+ADAPTIVE = "snm_k16_adaptive"
+ADAPTIVE_PHASES = {1024: "b1024_snm_k16", 2048: "b2048_snm_k16", 4096: "snm_k16"}
 _SNM = {"loss.kind": "bowl", "mining.vartheta": "top_k", "mining.sampler": "uniform"}
 _TREE = {"mining.sampler": "tree", "loss.logit_scale": SOFTMAX_SCALE}
 
@@ -65,6 +69,7 @@ def _points(size: str) -> tuple[Point, ...]:
                    "SNM top-16 of 64 tree draws/example")
   small_b = tuple(Point(f"b1024_{p.name}", {**p.overrides, "mining.num_samples": 1024}, f"{p.label}, B=1,024")
                   for p in (*snm, ns, ssm))
+  b2048 = Point("b2048_snm_k16", {**_SNM, "mining.k": 16, "mining.num_samples": 2048}, "SNM top-16, B=2,048")
   uniform = Point("uniform_s64", {"loss.kind": "logistic_ns", "mining.sampler": "uniform", "mining.per_example": True,
                                   "mining.num_samples": 64, "loss.logit_scale": SOFTMAX_SCALE},
                   "uniform negative sampling (Eq. 2), 64/example")
@@ -74,7 +79,9 @@ def _points(size: str) -> tuple[Point, ...]:
                                 "loss.logit_scale": SOFTMAX_SCALE}, "full softmax")
   if size == "1e6":  # the issue's minimum at 10^6: SNM top-16, negative sampling, the tree sampler
     return (snm[1], ns, tree, uniform)
-  return (*snm, *snm_expect, ns, ssm, *msm, tree, tree_snm, full, *small_b, tree16, uniform)
+  adaptive = Point(ADAPTIVE, {**_SNM, "mining.k": 16}, "SNM top-16, B grown 1,024 -> 2,048 -> 4,096")
+  return (*snm, *snm_expect, ns, ssm, *msm, tree, tree_snm, full, *small_b, tree16, uniform, b2048,
+          adaptive)
 
 
 def step_times_path(size: str) -> Path:
@@ -89,11 +96,28 @@ def _calibrated_steps(size: str, points, budget_seconds: float) -> dict[str, int
                      f"benchmarks.sweep_step_times --sweep=experiments/sweeps/large_k.py:{size},uncalibrated "
                      f"--out={path})")
   times = json.loads(path.read_text())["ms_per_step"]
-  missing = [p.name for p in points if p.name not in times]
+  missing = [p.name for p in points if p.name not in times and p.name != ADAPTIVE]
   if missing:
     raise ValueError(f"{path} has no step time for {missing}: re-run benchmarks/sweep_step_times.py")
   return {p.name: max(EVALS_PER_RUN, round(budget_seconds * 1000 / times[p.name] / EVALS_PER_RUN)
-                      * EVALS_PER_RUN) for p in points}
+                      * EVALS_PER_RUN) for p in points if p.name != ADAPTIVE}
+
+
+def adaptive_schedule(times: dict, budget_seconds: float) -> tuple[tuple[int, int], ...]:
+  """((start_step, B), ...): a third of the budget at each B of ADAPTIVE_PHASES."""
+  starts, step = [], 0
+  for b, point in ADAPTIVE_PHASES.items():
+    starts.append((step, b))
+    step += round(budget_seconds / len(ADAPTIVE_PHASES) * 1000 / times[point])
+  return tuple(starts), step
+
+
+def ms_phases(point: str, overrides: dict, times: dict) -> list[tuple[int, float]]:
+  """[(start_step, ms per step)] of a point: one phase, or the adaptive point's phases."""
+  schedule = overrides.get("mining.num_samples_schedule") or ()
+  if not schedule:
+    return [(0, times[point])]
+  return [(start, times[ADAPTIVE_PHASES[b]]) for start, b in schedule]
 
 
 def get_sweep(arg: str = "1e5") -> Sweep:
@@ -113,7 +137,11 @@ def get_sweep(arg: str = "1e5") -> Sweep:
   points = _points(size)
   if not uncalibrated:  # each point's run length: its share of the equal budget
     steps = _calibrated_steps(size, points, s["budget_seconds"])
-    points = tuple(Point(p.name, {**p.overrides, **_schedule(steps[p.name])}, p.label) for p in points)
+    times = json.loads(step_times_path(size).read_text())["ms_per_step"]
+    adaptive, steps[ADAPTIVE] = adaptive_schedule(times, s["budget_seconds"])
+    points = tuple(Point(p.name, {**p.overrides, **_schedule(steps[p.name]),
+                                  **({"mining.num_samples_schedule": adaptive} if p.name == ADAPTIVE else {})},
+                         p.label) for p in points)
   return Sweep(
       title=f"Large K (K = {s['num_labels']:,}): the papers' methods at equal wall-clock",
       config="experiments/configs/snm.py:synthetic",
