@@ -193,7 +193,7 @@ def size_section(root: epath.Path, out_root: epath.Path) -> tuple[list[str], dic
   out = out_root / size
   out.mkdir(parents=True, exist_ok=True)
   sweep_report.write_report(root, out)
-  ms = json.loads(large_k.step_times_path(size).read_text())["ms_per_step"]
+  ms = large_k.step_times(size)
   labels = {p.name: p.label for p in sweep.points}
   diag = read_diagnostics(root, runs, out / "diagnostics.json")
   write_text(out / "diagnostics.json", json.dumps(diag, indent=1))

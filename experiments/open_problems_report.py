@@ -96,7 +96,7 @@ def main(argv):
   out.mkdir(parents=True, exist_ok=True)
   sweep, runs, _ = sweep_report.load(workdir_path(_WORKDIRS.value[0]))
   size = large_k_report.size_of(sweep)
-  ms = json.loads(large_k.step_times_path(size).read_text())["ms_per_step"]
+  ms = large_k.step_times(size)
   path = out / "report.md"
   write_text(path, "\n".join(render(runs, {p.name: p for p in sweep.points}, ms, out)) + "\n")
   print(f"wrote {path}")

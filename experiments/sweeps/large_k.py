@@ -79,9 +79,17 @@ def _points(size: str) -> tuple[Point, ...]:
                                 "loss.logit_scale": SOFTMAX_SCALE}, "full softmax")
   if size == "1e6":  # the issue's minimum at 10^6: SNM top-16, negative sampling, the tree sampler
     return (snm[1], ns, tree, uniform)
+  # Negative sampling spreads each step over all B draws (weights 1/B): at the shared learning rate its
+  # table moves slowly; this point shows how much a larger one recovers (same computation, same time).
+  ns_lr = Point("ns_table_lr8", {**ns.overrides, "table.learning_rate": 4.0},
+                "negative sampling, table learning rate x8")
   adaptive = Point(ADAPTIVE, {**_SNM, "mining.k": 16}, "SNM top-16, B grown 1,024 -> 2,048 -> 4,096")
   return (*snm, *snm_expect, ns, ssm, *msm, tree, tree_snm, full, *small_b, tree16, uniform, b2048,
-          adaptive)
+          adaptive, ns_lr)
+
+
+# Points whose step is the same computation as another's (a learning rate differs): the same step time.
+SAME_STEP_AS = {"ns_table_lr8": "ns"}
 
 
 def step_times_path(size: str) -> Path:
@@ -95,12 +103,18 @@ def _calibrated_steps(size: str, points, budget_seconds: float) -> dict[str, int
     raise ValueError(f"{path} does not exist: measure the step times first (python -m "
                      f"benchmarks.sweep_step_times --sweep=experiments/sweeps/large_k.py:{size},uncalibrated "
                      f"--out={path})")
-  times = json.loads(path.read_text())["ms_per_step"]
+  times = step_times(size)
   missing = [p.name for p in points if p.name not in times and p.name != ADAPTIVE]
   if missing:
     raise ValueError(f"{path} has no step time for {missing}: re-run benchmarks/sweep_step_times.py")
   return {p.name: max(EVALS_PER_RUN, round(budget_seconds * 1000 / times[p.name] / EVALS_PER_RUN)
                       * EVALS_PER_RUN) for p in points if p.name != ADAPTIVE}
+
+
+def step_times(size: str) -> dict[str, float]:
+  """ms per step of every point: the measured ones (step_times_<size>.json) and SAME_STEP_AS."""
+  times = json.loads(step_times_path(size).read_text())["ms_per_step"]
+  return {**times, **{p: times[q] for p, q in SAME_STEP_AS.items() if q in times}}
 
 
 def adaptive_schedule(times: dict, budget_seconds: float) -> tuple[tuple[int, int], ...]:
@@ -137,7 +151,7 @@ def get_sweep(arg: str = "1e5") -> Sweep:
   points = _points(size)
   if not uncalibrated:  # each point's run length: its share of the equal budget
     steps = _calibrated_steps(size, points, s["budget_seconds"])
-    times = json.loads(step_times_path(size).read_text())["ms_per_step"]
+    times = step_times(size)
     adaptive, steps[ADAPTIVE] = adaptive_schedule(times, s["budget_seconds"])
     points = tuple(Point(p.name, {**p.overrides, **_schedule(steps[p.name]),
                                   **({"mining.num_samples_schedule": adaptive} if p.name == ADAPTIVE else {})},
