@@ -83,6 +83,7 @@ def test_time_to_reach_interpolates_calibrated_seconds():
   assert large_k_report.time_to_reach(res, "R@5", 0.6) == math.inf
   with_fit = large_k_report.calibrated(_res([0.1, 0.3, 0.5], tree_fit=7.0), ms_per_step=100.0)
   assert large_k_report.time_to_reach(with_fit, "R@5", 0.5) == pytest.approx(10.0)
+  assert large_k_report.time_to_reach(with_fit, "R@5", 0.05) == pytest.approx(7.5)  # from (fit, 0)
 
 
 @pytest.mark.parametrize("ratios,verdict", [
