@@ -75,7 +75,7 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[st
   rows = [
       _row("**xmc recipe** (this library)", [r["final"] for r in xmc],
            "candidates chosen: " + ", ".join(sorted({r["recipe"]["chosen"] for r in xmc}))),
-      _row("SNM tower 1024/512, dropout 0.5, scores x20 + selection (this library)",
+      _row("SNM tower 1024/512, dropout 0.5, scores x20 + selection on P@1 (this library)",
            [r["final"] for r in tower]),
   ]
   for peer, label in PEERS.items():
@@ -90,6 +90,9 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[st
       _row("xmc, no learning-rate search (x1 only)",
            [_best_candidate(d, lambda n: n.endswith("learning_rate_x1")) for d in xmc_dirs]),
       _row("xmc, no checkpoint selection (last state)", [r["selected"]["last"] for r in xmc]),
+      _row("xmc selecting on validation P@1 instead of nDCG@5 (the earlier recipe)",
+           [r["final"] for r in _seeds(root, "xmc_select_p1")],
+           "candidates chosen: " + ", ".join(sorted({r["recipe"]["chosen"] for r in _seeds(root, "xmc_select_p1")}))),
       _row("SNM tower, no checkpoint selection (last state)", [r["selected"]["last"] for r in tower]),
       _row("SNM tower 256/128, dropout 0.3, x10 (the earlier settings), with selection",
            [r["final"] for r in tower_narrow]),

@@ -27,7 +27,8 @@ are derived from the data's statistics:
                        stable on the Bibtex and Delicious validation splits), cosine-decayed;
 and one run per point of `recipe.search` ("auto": the model as above x the table learning rate
 x {0.5, 1, 2}, 6 candidates) is trained, each keeping its best validation checkpoint. The candidate
-with the best validation P@1 is the result; the test split is never used to choose.
+with the best validation nDCG@5 is the result (each candidate's checkpoint is selected on it too);
+the test split is never used to choose.
 Set any of those fields explicitly to keep it as given.
 """
 
@@ -50,6 +51,12 @@ def get_config(arg: str = ""):
   c = common.base_config()
   c.dataset.name = args.dataset
   c.dataset.validation_fraction = 0.1
+  # Candidates and checkpoints are chosen on validation nDCG@5: five ranks per point make it a less
+  # noisy choice than P@1 on a validation split of a few hundred points. On 90/10 carves of the
+  # training files (their held-out 10% as the test, the real test splits unread): Bibtex, 3 seeds,
+  # P@1 / P@5 / PSP@5 62.0 / 28.3 / 57.7 against 61.6 / 27.2 / 54.8 when choosing on P@1; Delicious,
+  # 2 seeds, 70.4 / 59.0 / 35.7 against 70.7 / 57.9 / 34.4.
+  c.eval.select_metric = "nDCG@5"
   c.recipe.name = "xmc"
   c.recipe.search = "auto"
   c.model.kind = common.one_of("model", args.model, MODELS)
