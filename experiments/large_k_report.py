@@ -269,6 +269,9 @@ def claims_section(sections: list[dict]) -> list[str]:
         continue
       best = max(snms, key=lambda p: _stats(sweep_report.ratios(runs, p, base, "R@5"))[0])
       verdict, detail = snm_verdict({m: sweep_report.ratios(runs, best, base, m) for m in CLAIM_METRICS})
+      n_seeds = len(sweep_report.ratios(runs, best, base, "R@5"))
+      if n_seeds < 3:
+        verdict += f" (provisional: {n_seeds} seed{'s' if n_seeds > 1 else ''} of 3)"
       by_k = "; ".join(f"k={p.rsplit('k', 1)[1]}: R@1 {_stats(sweep_report.ratios(runs, p, base, 'R@1'))[0]:.2f}x"
                        for p in snms)
       md.append(f"- **SNM vs negative sampling, B = {'1,024' if prefix else '4,096'}: {verdict}.** Best "
@@ -312,7 +315,11 @@ def main(argv):
     md, sec = size_section(workdir_path(root), out)
     body += md
     sections.append(sec)
+  done = sum(len(sec["runs"][p]) for sec in sections for p in sec["runs"])
+  planned = sum(len(sec["labels"]) * 3 for sec in sections)
   intro = ["# Large K: the papers' claims where they are made", "",
+           f"Status: {done} of {planned} runs finished (the sweep resumes where it stopped; methods "
+           "missing below have not run yet, so their claims are not judged).", "",
            "Synthetic data with a known p(y|x) (`snm_jax.data.synthetic`), every method trained for the "
            "same calibrated time (`experiments/sweeps/large_k.py`, whose docstring says how), 3 seeds "
            "where done. Regenerate: `python -m experiments.large_k_report --workdirs=... --out=results/large_k`.",
