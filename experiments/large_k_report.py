@@ -85,6 +85,21 @@ def calibrated(res: dict, ms_per_step, with_fit: bool = True) -> dict:
   return out
 
 
+def calibrated_runs(runs: dict, points, ms: dict) -> dict:
+  """{point name: [calibrated results.json of each seed]} for the `points` (sweep Points) that ran."""
+  return {p.name: [calibrated(runs[p.name][s], large_k.ms_phases(p.name, p.overrides, ms))
+                   for s in sorted(runs[p.name])] for p in points if p.name in runs}
+
+
+def output_folder(default: str) -> epath.Path:
+  """The --out folder (experiments.report's flag; `default` when unset), created; checks --workdirs."""
+  if not _WORKDIRS.value:
+    raise app.UsageError("--workdirs=DIR[,DIR] is required")
+  out = workdir_path(sweep_report._OUT.value or default)  # pylint: disable=protected-access
+  out.mkdir(parents=True, exist_ok=True)
+  return out
+
+
 # ---- claims --------------------------------------------------------------------
 
 def _stats(values) -> tuple[float, float, int]:
@@ -202,7 +217,7 @@ def size_section(root: epath.Path, out_root: epath.Path) -> tuple[list[str], dic
 
   points = [p for p in sweep.points if p.name in runs]
   phases = {p.name: large_k.ms_phases(p.name, p.overrides, ms) for p in points}
-  cal = {p.label: [calibrated(runs[p.name][s], phases[p.name]) for s in sorted(runs[p.name])] for p in points}
+  cal = {labels[name]: seeds for name, seeds in calibrated_runs(runs, points, ms).items()}
   plots.plot_learning_curves_over_seeds(
       cal, "R@5", out / "quality_vs_seconds.png", title=f"{sweep.title}: test R@5",
       seconds_label="calibrated training seconds (steps x measured step time; + tree fit)")
@@ -306,10 +321,7 @@ def claims_section(sections: list[dict]) -> list[str]:
 
 def main(argv):
   del argv
-  if not _WORKDIRS.value:
-    raise app.UsageError("--workdirs=DIR[,DIR] is required")
-  out = workdir_path(sweep_report._OUT.value or DEFAULT_OUT)  # pylint: disable=protected-access
-  out.mkdir(parents=True, exist_ok=True)
+  out = output_folder(DEFAULT_OUT)
   body, sections = [], []
   for root in _WORKDIRS.value:
     md, sec = size_section(workdir_path(root), out)

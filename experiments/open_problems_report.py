@@ -79,8 +79,8 @@ def render(runs: dict, points_of: dict, ms: dict, out) -> list[str]:
                    "baseline" if p == base else ", ".join(f"{d:+.4f}" for d in diffs),
                    "" if p == base else verdict(diffs)])
     md += sweep_report._table(head, rows) + [""]  # pylint: disable=protected-access
-    cal = {labels[p]: [large_k_report.calibrated(runs[p][s], large_k.ms_phases(p, points_of[p].overrides, ms))
-                       for s in sorted(runs[p])] for p in present}
+    cal = {labels[name]: seeds for name, seeds in
+           large_k_report.calibrated_runs(runs, [points_of[p] for p in present], ms).items()}
     fig = f"question{i + 1}.png"
     plots.plot_learning_curves_over_seeds(cal, "R@5", out / fig, title=question,
                                           seconds_label="calibrated training seconds")
@@ -90,10 +90,7 @@ def render(runs: dict, points_of: dict, ms: dict, out) -> list[str]:
 
 def main(argv):
   del argv
-  if not _WORKDIRS.value:
-    raise app.UsageError("--workdirs=DIR is required")
-  out = workdir_path(sweep_report._OUT.value or DEFAULT_OUT)  # pylint: disable=protected-access
-  out.mkdir(parents=True, exist_ok=True)
+  out = large_k_report.output_folder(DEFAULT_OUT)
   sweep, runs, _ = sweep_report.load(workdir_path(_WORKDIRS.value[0]))
   size = large_k_report.size_of(sweep)
   ms = large_k.step_times(size)
