@@ -194,6 +194,19 @@ def test_rowwise_adagrad_and_decay_touch_only_the_batch_rows():
   np.testing.assert_array_equal(np.asarray(s1.input_table_state["accumulator"])[~touched], np.float32(0.1))
 
 
+def test_nonfinite_step_leaves_the_input_table_and_its_state():
+  s = _setup((1, 1), sparse=True, opt="momentum")
+  s1, _ = s["step"](s["state"], s["put"](_batch(0)), KEY)
+  bad = _batch(1)
+  bad["feat_vals"][3, 1] = np.nan
+  s2, m = s["step"](s1, s["put"](bad), KEY)
+  assert not np.isfinite(float(m["loss"])) and int(s2.nonfinite_steps) == 1
+  assert np.abs(np.asarray(s1.input_table_state["momentum"])).max() > 0  # a nonzero m, kept as is
+  for a, b in zip(jax.tree.leaves(s2.fingerprint_leaves()), jax.tree.leaves(s1.fingerprint_leaves()),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("mesh_shape", [(2, 4), (1, 8)])
 def test_sharded_sparse_step_equals_single_device(mesh_shape):
   ref, sh = _setup((1, 1), sparse=True, opt="momentum"), _setup(mesh_shape, sparse=True, opt="momentum")

@@ -9,10 +9,10 @@ row-sharded over `model`) with a row-optimiser state
 (`snm_jax.train.row_optimizers`), and a step
 
   1. gathers the rows of the batch's feature ids, each model shard the rows it
-     owns and zeros elsewhere: (M, N, nnz, hidden), no gradient (`gather`);
+     owns: (M, N, nnz, hidden), no gradient (`gather`);
   2. has the tower compute its bag sum_i v_i E[id_i] from them (`bag_fn`, the
      tower's `bag_fn` argument, `snm_jax.models.towers.EmbeddingBag`): each
-     shard's partial sum over the rows it owns, then a psum over `model`,
+     shard's partial sum over the ids it owns, then a psum over `model`,
      (N, hidden); the loss is differentiated w.r.t. the gathered rows, never
      the table (as the step does with the class rows);
   3. applies the row optimiser to the touched rows, each model shard to its own
@@ -92,18 +92,24 @@ def split_params(params) -> tuple[Any, jax.Array]:
   return traverse_util.unflatten_dict(flat), table
 
 
-def _local_rows(table_l, ids_l):
-  """This model shard's rows of `ids_l` (n, nnz): (n, nnz, hidden), zeros where another shard owns the id."""
-  j = jax.lax.axis_index(MODEL)
+def _owned(table_l, ids_l):
+  """(local ids (n, nnz), whether this model shard owns each)."""
   k_loc = table_l.shape[0]
-  local = ids_l - j * k_loc
-  mine = (local >= 0) & (local < k_loc)
-  return jnp.where(mine[..., None], jnp.take(table_l, local, axis=0, mode="clip"), 0.0)
+  local = ids_l - jax.lax.axis_index(MODEL) * k_loc
+  return local, (local >= 0) & (local < k_loc)
 
 
-def _partial_bag(vals_l, rows_l):
-  """sum_i v_i rows_i over this shard's rows, summed over the shards: (n, hidden). The same
+def _local_rows(table_l, ids_l):
+  """This model shard's rows of `ids_l` (n, nnz): (n, nnz, hidden), valid where the shard owns the
+  id and arbitrary (clipped ids' rows) elsewhere: `_partial_bag` gives those entries weight 0, which
+  costs O(n nnz) where masking the rows themselves would be another pass over n nnz hidden values."""
+  return jnp.take(table_l, _owned(table_l, ids_l)[0], axis=0, mode="clip")
+
+
+def _partial_bag(table_l, ids_l, vals_l, rows_l):
+  """sum_i v_i rows_i over the ids this shard owns, summed over the shards: (n, hidden). The same
   einsum as `EmbeddingBag`'s gather path (the same bits on one model shard)."""
+  vals_l = jnp.where(_owned(table_l, ids_l)[1], vals_l, 0.0)
   return jax.lax.psum(jnp.einsum("bn,bnh->bh", vals_l, rows_l), MODEL)
 
 
@@ -119,23 +125,24 @@ class InputTable:
 
   def gather(self, table, feat_ids):
     """(d_pad, hidden) table, (N, nnz) ids -> (M, N, nnz, hidden): each model shard's rows of
-    the ids it owns, zeros elsewhere (step 1)."""
+    the ids it owns (`_local_rows`: arbitrary rows elsewhere, which `bag_fn` weighs by 0) (step 1)."""
     return jax.shard_map(lambda t, i: _local_rows(t, i)[None], mesh=self.mesh,
                          in_specs=(TABLE, IDS_SPEC), out_specs=ROWS_SPEC)(table, feat_ids)
 
-  def bag_fn(self, rows) -> Callable:
-    """The tower's `bag_fn` over gathered `rows` (`gather`): (ids, vals) (N, nnz) -> (N, hidden),
-    differentiable w.r.t. `rows` (step 2)."""
+  def bag_fn(self, table, rows) -> Callable:
+    """The tower's `bag_fn` over the rows `gather` took from `table`: (ids, vals) (N, nnz) ->
+    (N, hidden), differentiable w.r.t. `rows` (step 2). Entries another shard owns get weight 0,
+    hence a zero gradient."""
     def bag(feat_ids, feat_vals):
-      del feat_ids  # the rows are already those of the ids
-      return jax.shard_map(lambda r, v: _partial_bag(v, r[0]), mesh=self.mesh,
-                           in_specs=(ROWS_SPEC, IDS_SPEC), out_specs=P(DATA, None))(rows, feat_vals)
+      return jax.shard_map(lambda t, i, v, r: _partial_bag(t, i, v, r[0]), mesh=self.mesh,
+                           in_specs=(TABLE, IDS_SPEC, IDS_SPEC, ROWS_SPEC), out_specs=P(DATA, None))(
+                               table, feat_ids, feat_vals, rows)
     return bag
 
   def table_bag_fn(self, table) -> Callable:
     """The tower's `bag_fn` read from the table itself (no gradient: evaluation)."""
     def bag(feat_ids, feat_vals):
-      return jax.shard_map(lambda t, i, v: _partial_bag(v, _local_rows(t, i)), mesh=self.mesh,
+      return jax.shard_map(lambda t, i, v: _partial_bag(t, i, v, _local_rows(t, i)), mesh=self.mesh,
                            in_specs=(TABLE, IDS_SPEC, IDS_SPEC), out_specs=P(DATA, None))(
                                table, feat_ids, feat_vals)
     return bag
@@ -149,26 +156,29 @@ class InputTable:
                          bag_fn=self.table_bag_fn(tower_params.input_table), **kw)
     return apply
 
-  def update(self, table, table_state, batch, row_grads, lr):
+  def update(self, table, table_state, batch, row_grads, lr, keep=True):
     """The row optimiser on the rows the batch touches (module docstring), each model shard on
-    its own rows (step 3). row_grads: (M, N, nnz, hidden), the gradient of `gather`'s rows.
-    Returns (table, table_state)."""
+    its own rows (step 3). row_grads: (M, N, nnz, hidden), the gradient of `gather`'s rows;
+    keep: a traced bool, False to touch no row (the step's non-finite guard: the rows, their
+    optimiser state and a non-finite gradient are then never combined, at O(N nnz) instead of
+    a pass over the gradient). Returns (table, table_state)."""
+    gather_data = self.mesh.shape[DATA] > 1  # an all_gather over one device is still a copy
 
-    def local(table_l, tstate_l, ids_l, vals_l, valid_l, grads_l, lr):
-      j = jax.lax.axis_index(MODEL)
+    def local(table_l, tstate_l, ids_l, vals_l, valid_l, grads_l, lr, keep):
       k_loc, h = table_l.shape
-      ids, vals, valid, grads = (jax.lax.all_gather(x, DATA, tiled=True)
+      ids, vals, valid, grads = ((jax.lax.all_gather(x, DATA, tiled=True) if gather_data else x)
                                  for x in (ids_l, vals_l, valid_l, grads_l[0]))
-      local_ids = ids - j * k_loc
-      touched = (vals != 0) & valid[:, None] & (local_ids >= 0) & (local_ids < k_loc)
+      local_ids, owned = _owned(table_l, ids)
+      touched = (vals != 0) & valid[:, None] & owned & keep
       row_ids = jnp.where(touched, local_ids, k_loc).reshape(-1)
       return apply_row_update(table_l, tstate_l, row_ids, grads.reshape(-1, h), lr, self.row_opt)
 
     tstate_specs = jax.tree.map(lambda _: P(MODEL), table_state)
     return jax.shard_map(
         local, mesh=self.mesh,
-        in_specs=(TABLE, tstate_specs, IDS_SPEC, IDS_SPEC, P(DATA), ROWS_SPEC, P()),
+        in_specs=(TABLE, tstate_specs, IDS_SPEC, IDS_SPEC, P(DATA), ROWS_SPEC, P(), P()),
         # As the class table's update: every data replica of a shard applies the same
         # all-gathered update (never differentiated).
         out_specs=(TABLE, tstate_specs), check_vma=False)(
-            table, table_state, batch["feat_ids"], batch["feat_vals"], batch["valid"], row_grads, lr)
+            table, table_state, batch["feat_ids"], batch["feat_vals"], batch["valid"], row_grads, lr,
+            jnp.asarray(keep))

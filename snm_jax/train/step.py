@@ -218,10 +218,11 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
     draws = negatives.draw_and_gather(table, batch, rng)
     input_rows = None
     if input_table is not None:
-      params, input_rows = params.params, input_table.gather(params.input_table, batch["feat_ids"])
+      in_table = params.input_table
+      params, input_rows = params.params, input_table.gather(in_table, batch["feat_ids"])
 
     def loss_fn(params, rows, pos_rows, input_rows):
-      kw = {} if input_rows is None else {"bag_fn": input_table.bag_fn(input_rows)}
+      kw = {} if input_rows is None else {"bag_fn": input_table.bag_fn(in_table, input_rows)}
       if dropout:
         q = tower_apply(params, *tower_inputs(batch), train=True,
                         rngs={"dropout": jax.random.fold_in(rng, DROPOUT_FOLD_IN)}, **kw)
@@ -291,8 +292,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     inputs = {}
     if input_table is not None:  # the rows of the batch's features, as the class table's rows
       inputs = dict(zip(("input_table", "input_table_state"), input_table.update(
-          state.input_table, state.input_table_state, batch, jnp.where(finite, out.g_input, 0.0),
-          jnp.where(finite, input_table.lr(state.step), 0.0))))
+          state.input_table, state.input_table_state, batch, out.g_input, input_table.lr(state.step),
+          keep=finite)))
     new_state = state.replace(
         step=state.step + 1, params=jax.tree.map(keep_if_bad, params, state.params),
         opt_state=jax.tree.map(keep_if_bad, opt_state, state.opt_state), table=table,
