@@ -323,3 +323,25 @@ def test_checkpoint_with_input_table_restores_bitwise_onto_other_meshes(runs):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   finally:
     ckpt.close()
+
+
+@pytest.mark.parametrize("name,wd", [("momentum", 0.0), ("adagrad", 0.1)])
+def test_capped_merge_equals_the_full_merge(name, wd):
+  """`apply_row_update(cap_unique=True)` (the input table's: T = N nnz ids may far exceed the rows)
+  merges into R + 1 rows instead of T and gives the same table and state."""
+  rng = np.random.default_rng(0)
+  opt = row_optimizers.get_row_optimizer(name)._replace(weight_decay=wd)
+  r, t, h = 40, 300, 8
+  table = jnp.asarray(rng.normal(size=(r, h)).astype(np.float32))
+  state = jax.tree.map(lambda x: x + 0.3, opt.init(r, h))
+  ids = rng.integers(-5, r - 10, t).astype(np.int32)  # duplicates, "not mine" ids, 10 rows untouched
+  ids[::7] = r + 2
+  ids = jnp.asarray(ids)
+  grads = jnp.asarray(rng.normal(size=(t, h)).astype(np.float32))
+  full = row_optimizers.apply_row_update(table, state, ids, grads, 0.3, opt)
+  capped = row_optimizers.apply_row_update(table, state, ids, grads, 0.3, opt, cap_unique=True)
+  for a, b in zip(jax.tree.leaves(capped), jax.tree.leaves(full), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  untouched = ~np.isin(np.arange(r), np.asarray(ids))
+  assert untouched.any()
+  np.testing.assert_array_equal(np.asarray(capped[0])[untouched], np.asarray(table)[untouched])

@@ -171,7 +171,8 @@ class InputTable:
       local_ids, owned = _owned(table_l, ids)
       touched = (vals != 0) & valid[:, None] & owned & keep
       row_ids = jnp.where(touched, local_ids, k_loc).reshape(-1)
-      return apply_row_update(table_l, tstate_l, row_ids, grads.reshape(-1, h), lr, self.row_opt)
+      return apply_row_update(table_l, tstate_l, row_ids, grads.reshape(-1, h), lr, self.row_opt,
+                              cap_unique=True)
 
     tstate_specs = jax.tree.map(lambda _: P(MODEL), table_state)
     return jax.shard_map(
