@@ -345,3 +345,16 @@ def test_capped_merge_equals_the_full_merge(name, wd):
   untouched = ~np.isin(np.arange(r), np.asarray(ids))
   assert untouched.any()
   np.testing.assert_array_equal(np.asarray(capped[0])[untouched], np.asarray(table)[untouched])
+
+
+def test_resuming_an_older_workdir_with_a_sparse_input_table_is_refused():
+  """A config.json written before model.input_update existed meant the dense update: resuming it
+  with input_update=sparse (another state pytree) is a config error, not an unreadable checkpoint."""
+  from snm_jax.train.checkpointing import check_resume_config  # pylint: disable=g-import-not-at-top
+  new = _config().to_dict()
+  saved = _config(**{"model.input_update": "dense"}).to_dict()
+  del saved["model"]["input_update"]
+  with pytest.raises(ConfigError, match="saved 'dense', now 'sparse'") as e:
+    check_resume_config(saved, new, "the workdir")
+  assert e.value.field == "model.input_update"
+  check_resume_config(saved, _config(**{"model.input_update": "dense"}).to_dict(), "the workdir")
