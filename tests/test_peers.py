@@ -38,11 +38,18 @@ def test_torch_step_disagreeing_is_caught(monkeypatch):
 
 def test_sparse_input_step_temporaries_do_not_grow_with_d():
   """Compiled from abstract shapes only (nothing allocated): XLA's temporaries of the sparse-input
-  step are the same at d = 10^4 and 10^6 (the dense-input step's grow by its d x h gradient:
-  the benchmark's input_dense rows)."""
+  step (lazy momentum) are the same at d = 10^5 and 10^6, and smaller at d = 10^4 < N nnz, where
+  the merge of duplicate ids needs only d + 1 rows (the dense-input step's grow by its d x h
+  gradient: the benchmark's input_dense rows)."""
   mesh = sharding.make_mesh((1, 1), devices=jax.devices()[:1])
   s = dataclasses.replace(step_scaling.INPUT_SHAPE, b=512)
-  mem = {d: step_scaling.input_bench(s, d, mesh, sparse=True, compile_only=True) for d in (10**4, 10**6)}
-  assert mem[10**6]["temp_bytes"] == mem[10**4]["temp_bytes"] < 10**4 * s.h * 4 * 8
+  assert 10**4 < s.n * s.nnz < 10**5
+  mem = {d: step_scaling.input_bench(s, d, mesh, sparse=True, compile_only=True)
+         for d in (10**4, 10**5, 10**6)}
+  assert mem[10**6]["temp_bytes"] == mem[10**5]["temp_bytes"] < 3 * s.n * s.nnz * s.h * 4  # O(N nnz h)
+  assert mem[10**4]["temp_bytes"] < mem[10**5]["temp_bytes"]
   # The donated tables (input table and its momentum, class table) are updated in place.
-  assert mem[10**6]["alias_bytes"] - mem[10**4]["alias_bytes"] == 2 * (10**6 - 10**4) * s.h * 4
+  assert mem[10**6]["alias_bytes"] - mem[10**5]["alias_bytes"] == 2 * (10**6 - 10**5) * s.h * 4
+  summary = step_scaling.input_summary(
+      [{"variant": "input_sparse", "d": d, "time_ms": 1.0, **m} for d, m in mem.items()], s)
+  assert summary["target_input_sparse_temps_flat_in_d"]["met"]

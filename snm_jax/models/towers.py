@@ -56,8 +56,11 @@ class EmbeddingBag(nn.Module):
 
   bag_fn: if given, `bag_fn(feat_ids, feat_vals)` (N, h) is the output and the
   "embedding" parameter is neither created nor read: the caller holds the table
-  and computes the same sum from the rows it gathered (the train step's sparse
-  input update, `snm_jax.train.input_table`).
+  and computes the same sum (the train step's sparse input update,
+  `snm_jax.train.input_table`). The values it was called with are then sown as
+  "values" in the "intermediates" collection (kept only when the caller passes
+  `mutable=["intermediates"]`): the row gradients are those values times the
+  gradient of the bag.
   """
   num_features: int
   features: int
@@ -67,7 +70,9 @@ class EmbeddingBag(nn.Module):
   @nn.compact
   def __call__(self, feat_ids, feat_vals, bag_fn=None):
     if bag_fn is not None:
-      return bag_fn(feat_ids, feat_vals.astype(self.dtype))
+      feat_vals = feat_vals.astype(self.dtype)
+      self.sow("intermediates", "values", feat_vals)
+      return bag_fn(feat_ids, feat_vals)
     table = self.param("embedding", nn.initializers.normal(stddev=self.features ** -0.5),
                        (self.num_features, self.features), self.dtype)
     feat_vals = feat_vals.astype(self.dtype)

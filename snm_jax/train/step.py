@@ -13,9 +13,10 @@ One step, for a minibatch of N examples and B sampled negatives:
      its optional decoupled decay of those rows (lazy: untouched rows are not
      decayed) at the same learning rate `table_lr(step)`.
 With a sparse input table (`input_table`, model.input_update="sparse") the
-tower's EmbeddingBag table is handled like the class table: its rows of the
-batch's feature ids are gathered in step 1, differentiated in step 2 and
-row-updated in step 3 (`snm_jax.train.input_table`); optax keeps the dense layers.
+tower's EmbeddingBag table is handled like the class table: the tower's bag is
+summed from the rows of the batch's feature ids, the loss is differentiated
+w.r.t. the bag vectors (N, hidden), and in step 3 only those rows are updated
+(`snm_jax.train.input_table`); optax keeps the dense layers.
 Tower dropout (if any) uses a key folded out of the step's rng, so the
 sampler's draws do not depend on it.
 The cost is O((N + B) h) for the table and O(N B h / M) for scoring; nothing
@@ -39,7 +40,7 @@ from snm_jax.losses import registry as losses_registry
 from snm_jax.mining import negatives as negatives_lib
 from snm_jax.models.towers import l2_normalize, normalized_row_scores, tower_inputs
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
-from snm_jax.train.input_table import InputTable, SparseTowerParams
+from snm_jax.train.input_table import InputTable, SparseTowerParams, bag_values
 from snm_jax.train.nonfinite import all_finite
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
 
@@ -164,7 +165,8 @@ class LossAndGrads(NamedTuple):
   g_rows: jax.Array       # gradient of the gathered rows (`negatives.rows_spec`)
   g_pos: jax.Array        # (M, N, h) gradient of the positives' rows, per owning shard
   draws: negatives_lib.Draws
-  g_input: Any = None     # (M, N, nnz, hidden) gradient of the gathered input rows (sparse input table)
+  g_input: Any = None     # (N, hidden) gradient of the tower's bag vectors (sparse input table)
+  input_values: Any = None  # (N, nnz) the values the bag was called with (after feature dropout)
 
 
 def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh, normalize_classes: bool,
@@ -174,8 +176,8 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
   steps 1 and 2 of the module docstring (sample + gather, score + loss, backward),
   unjitted, so the train step and the diagnostics (`snm_jax.train.diagnostics`)
   share them. Arguments as in `make_train_step`; with `input_table`, `params` is a
-  `SparseTowerParams` (the state's `tower_params()`) and the gradient of its table is
-  that of the gathered rows, `g_input`."""
+  `SparseTowerParams` (the state's `tower_params()`) and its table's gradient is given
+  as that of the bag vectors, `g_input`, with the bag's `input_values`."""
   if normalize_classes is None:
     raise ValueError("normalize_classes=None (config 'auto'): pass "
                      "builders.resolve_normalize_classes(config)")
@@ -216,26 +218,29 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
   def loss_and_grads(params, table, batch, rng) -> LossAndGrads:
     # ---- 1. sample + gather (no gradient) -------------------------------------
     draws = negatives.draw_and_gather(table, batch, rng)
-    input_rows = None
+    delta = None  # sparse input table: the bag vectors' zero offset, differentiated
     if input_table is not None:
-      in_table = params.input_table
-      params, input_rows = params.params, input_table.gather(in_table, batch["feat_ids"])
+      in_table, params = params.input_table, params.params
+      delta = input_table.zero_delta(in_table, batch["feat_ids"])
 
-    def loss_fn(params, rows, pos_rows, input_rows):
-      kw = {} if input_rows is None else {"bag_fn": input_table.bag_fn(in_table, input_rows)}
+    def loss_fn(params, rows, pos_rows, delta):
+      kw = {}
+      if delta is not None:
+        kw = {"bag_fn": input_table.bag_fn(in_table, delta), "mutable": ["intermediates"]}
       if dropout:
         q = tower_apply(params, *tower_inputs(batch), train=True,
                         rngs={"dropout": jax.random.fold_in(rng, DROPOUT_FOLD_IN)}, **kw)
       else:
         q = tower_apply(params, *tower_inputs(batch), **kw)
+      q, values = (q, None) if delta is None else (q[0], bag_values(q[1]["intermediates"]))
       per_ex, pos, hardest, n_valid = sharded_loss(q, rows, pos_rows, draws.ids, draws.log_q,
                                                    batch["label_set"], draws.log_q_pos)
       per_ex = jnp.where(batch["valid"], per_ex, 0.0)
-      return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid)
+      return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid, values)
 
-    (loss_value, aux), (g_params, g_rows, g_pos, g_input) = jax.value_and_grad(
-        loss_fn, argnums=(0, 1, 2, 3), has_aux=True)(params, draws.rows, draws.pos_rows, input_rows)
-    return LossAndGrads(loss_value, *aux, g_params, g_rows, g_pos, draws, g_input)
+    (loss_value, (*aux, values)), (g_params, g_rows, g_pos, g_input) = jax.value_and_grad(
+        loss_fn, argnums=(0, 1, 2, 3), has_aux=True)(params, draws.rows, draws.pos_rows, delta)
+    return LossAndGrads(loss_value, *aux, g_params, g_rows, g_pos, draws, g_input, values)
 
   return loss_and_grads, negatives
 
@@ -283,7 +288,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     # ---- 3. update; a non-finite loss or gradient drops it (see _all_finite) --
     updates, opt_state = tx.update(out.g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    finite = _all_finite(out.loss, out.g_rows, out.g_pos, params, opt_state, out.g_input)
+    finite = _all_finite(out.loss, out.g_rows, out.g_pos, params, opt_state, (out.g_input, out.input_values))
     keep_if_bad = lambda new, old: jnp.where(finite, new, old)  # pylint: disable=unnecessary-lambda-assignment
     table, table_state = update_table(
         state.table, state.table_state, out.draws.ids, jnp.where(finite, out.g_rows, 0.0),
@@ -292,8 +297,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     inputs = {}
     if input_table is not None:  # the rows of the batch's features, as the class table's rows
       inputs = dict(zip(("input_table", "input_table_state"), input_table.update(
-          state.input_table, state.input_table_state, batch, out.g_input, input_table.lr(state.step),
-          keep=finite)))
+          state.input_table, state.input_table_state, batch, out.input_values, out.g_input,
+          input_table.lr(state.step), keep=finite)))
     new_state = state.replace(
         step=state.step + 1, params=jax.tree.map(keep_if_bad, params, state.params),
         opt_state=jax.tree.map(keep_if_bad, opt_state, state.opt_state), table=table,
@@ -374,8 +379,9 @@ def _all_finite(loss_value, g_rows, g_pos, params, opt_state, g_input=None):
   a reduction over the gradient itself changes how XLA fuses its computation,
   and with it the bits of valid runs. With finite values every where() on
   `finite` selects the update: same bits as without the check. A sparse input
-  table is checked through its gathered rows' gradient `g_input` (its new
-  table would be an O(d hidden) reduction); None adds nothing to check.
+  table is checked through what its row gradients are made of, the bag vectors'
+  gradient and the bag's input values (its new table would be an O(d hidden)
+  reduction); None adds nothing to check.
   """
   return all_finite(loss_value, g_rows, g_pos, params, opt_state, g_input)
 
