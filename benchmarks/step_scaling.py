@@ -488,7 +488,7 @@ def run(size: str = "small", out_dir: str | None = None, peak: dict | None = Non
   input_rows, input_prof = [], []
   if include_references if input_sweep is None else input_sweep:
     input_rows, input_prof = run_input_sweep(INPUT_SHAPE, cfg["input_ds"], cfg["reps"], peak, mesh,
-                                             profile=include_references)
+                                             profile=True)
   if include_references and k_sweep:
     for k in cfg["dense_ks"]:
       rows.append(run_one(dense_bench, shape, k, cfg["reps"], peak, mesh))
