@@ -223,7 +223,7 @@ def validate(config, num_labels: int | None = None) -> None:
   _one_of("optimizer.decay", _field(o, "decay", "constant"), DECAYS)
   _int("optimizer.warmup_steps", _field(o, "warmup_steps", 0), 0)
   if given("model.kind") and sparse_input_table(config):
-    _validate_sparse_input(config, given("model.bag_matmul"))
+    _validate_sparse_input(config)
   t = config.table
   _one_of("table.optimizer", t.optimizer, TABLE_OPTIMIZERS)
   if given("table.learning_rate"):
@@ -377,15 +377,10 @@ def validate(config, num_labels: int | None = None) -> None:
   make_loss_spec(config, num_labels)  # vartheta construction errors
 
 
-def _validate_sparse_input(config, bag_matmul_given: bool) -> None:
-  """model.input_update="sparse" (with a model that has an input table): a gather bag, and a
-  tower optimiser with a row-wise counterpart (`make_input_table`)."""
-  m, o = config.model, config.optimizer
-  if bag_matmul_given and _field(m, "bag_matmul", "gather") == "dense":
-    raise ConfigError("model.input_update", "'sparse' updates the input rows a batch gathers, "
-                      "but model.bag_matmul=dense computes the input layer as a dense matmul (its "
-                      "gradient is the whole d x hidden table): set model.bag_matmul=gather or "
-                      "model.input_update=dense")
+def _validate_sparse_input(config) -> None:
+  """model.input_update="sparse" with a gathered input table: a tower optimiser with a row-wise
+  counterpart (`make_input_table`)."""
+  o = config.optimizer
   if o.name not in INPUT_ROW_OPTIMIZERS:
     raise ConfigError("model.input_update", f"'sparse' updates the input table with the row-wise "
                       f"counterpart of optimizer.name, and {o.name!r} has none (one of "
@@ -600,10 +595,15 @@ def make_tower(config, num_features: int):
 
 
 def sparse_input_table(config) -> bool:
-  """True when the tower's EmbeddingBag table is a row-updated table (model.input_update="sparse"
-  with snm_tower or wide_deep); linear and mlp have no input table."""
-  return (config.model.kind in BAG_KINDS
-          and _field(config.model, "input_update", "dense") == "sparse")
+  """True when the tower's EmbeddingBag table is a row-updated table: model.input_update="sparse"
+  with snm_tower or wide_deep and model.bag_matmul="gather", in the classification task. linear
+  and mlp have no input table; a dense-matmul bag (bag_matmul="dense", or "auto" before a recipe
+  resolves it) is a dense layer whose gradient is the whole table, updated by optax; the
+  retrieval task's tower has no EmbeddingBag."""
+  m = config.model
+  return (_field(config, "task", "classification") == "classification" and m.kind in BAG_KINDS
+          and _field(m, "bag_matmul", "gather") == "gather"
+          and _field(m, "input_update", "dense") == "sparse")
 
 
 def make_input_table(config, mesh) -> InputTable | None:

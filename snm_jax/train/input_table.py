@@ -12,7 +12,9 @@ row-sharded over `model`) with a row-optimiser state
      `bag_fn` (the tower's argument, `snm_jax.models.towers.EmbeddingBag`):
      each model shard sums the rows it owns straight from its table shard (a
      loop over the nnz entries, gather and multiply-add fused: the N x nnz x
-     hidden rows are never written out), then a psum over `model`; the
+     hidden rows are never written out), then the shards' sums are added
+     (all-gathered over `model`, added in shard order: the same bits on one or
+     several processes); the
      EmbeddingBag reports the values v it was called with (after feature
      dropout) through flax's "intermediates" collection;
   2. differentiates the loss w.r.t. the bag vectors b (N, hidden) -- a zero
@@ -27,9 +29,9 @@ row-sharded over `model`) with a row-optimiser state
      the other optimisers (and a weight decay) merge duplicate ids first, from
      the N nnz x hidden row gradients (`apply_row_update`).
 
-Cost O(N nnz hidden) per step, whatever d. Communication per step: a psum of
-(N, hidden) over `model` and an all-gather over `data` of N (hidden + 2 nnz)
-values.
+Cost O(N nnz hidden) per step, whatever d. Communication per step: an
+all-gather of M x (N, hidden) partial bags over `model` and an all-gather over
+`data` of N (hidden + 2 nnz) values.
 
 A row is *touched* by a step when a valid example of the batch names it with a
 nonzero value (padding entries have value 0 and touch nothing), whether or
@@ -121,6 +123,10 @@ def _owned(table_l, ids_l):
 def _local_bag(table_l, ids_l, vals_l):
   """sum_i v_i E[id_i] over the ids this shard owns, summed over the shards: (n, hidden).
 
+  The shards' partial sums are all-gathered and added in shard order on every device, not
+  psum-ed: an all-reduce spanning processes may add them in another order than one within a
+  process, and a run must have the same bits on one or several processes (tests/test_multihost.py).
+
   A loop over the nnz entries, each a gather of n rows and a multiply-add into an (n, hidden)
   accumulator that XLA fuses: the rows are read once and never written out (on 2 CPU cores
   at n = 256, nnz = 64, hidden = 512: 3-4 ms, against ~30 ms for a gather of the n nnz rows
@@ -134,7 +140,7 @@ def _local_bag(table_l, ids_l, vals_l):
   # Started from the first term, not from zeros: the carry then has the shard_map's
   # per-device type from the start.
   acc = jax.lax.fori_loop(1, ids_l.shape[1], lambda i, acc: acc + term(i), term(0), unroll=UNROLL)
-  return jax.lax.psum(acc, MODEL)
+  return jnp.sum(jax.lax.all_gather(acc, MODEL), axis=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +157,10 @@ class InputTable:
     """The tower's `bag_fn` reading `table` (d_pad, hidden): (ids, vals) (N, nnz) -> (N, hidden),
     not differentiable w.r.t. the table (step 1; evaluation)."""
     def bag(feat_ids, feat_vals):
+      # The all_gather's result is typed varying over `model`, though every shard holds the
+      # same sum: no replication check (this map is never differentiated).
       return jax.shard_map(_local_bag, mesh=self.mesh, in_specs=(TABLE, IDS_SPEC, IDS_SPEC),
-                           out_specs=P(DATA, None))(table, feat_ids, feat_vals)
+                           out_specs=P(DATA, None), check_vma=False)(table, feat_ids, feat_vals)
     return bag
 
   def bag_fn(self, table, delta) -> Callable:
