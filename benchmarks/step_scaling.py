@@ -86,7 +86,7 @@ SIZES = {
                   softmax_ks=(10**4,), input_ds=(10**4, 10**5), reps=10, interleave_peak=False),
     "full": dict(sparse_ks=(10**4, 10**5, 10**6, 10**7), dense_grad_ks=(10**4, 10**6),
                  dense_ks=(10**4, 10**5, 10**6, 10**7), softmax_ks=(10**4, 10**5, 10**6, 10**7),
-                 input_ds=(10**4, 10**5, 10**6), reps=10, interleave_peak=True),
+                 input_ds=(10**4, 10**5, 10**6), input_reps=20, reps=10, interleave_peak=True),
 }
 # The input-dimension sweep: nnz = 64 features per row, K = 10^4 (the class side held small).
 INPUT_SHAPE = dataclasses.replace(Shape(), nnz=64)
@@ -487,8 +487,8 @@ def run(size: str = "small", out_dir: str | None = None, peak: dict | None = Non
                                            dense_grad_ks=cfg["dense_grad_ks"] if include_references else ())
   input_rows, input_prof = [], []
   if include_references if input_sweep is None else input_sweep:
-    input_rows, input_prof = run_input_sweep(INPUT_SHAPE, cfg["input_ds"], cfg["reps"], peak, mesh,
-                                             profile=True)
+    input_rows, input_prof = run_input_sweep(INPUT_SHAPE, cfg["input_ds"], cfg.get("input_reps", cfg["reps"]),
+                                             peak, mesh, profile=True)
   if include_references and k_sweep:
     for k in cfg["dense_ks"]:
       rows.append(run_one(dense_bench, shape, k, cfg["reps"], peak, mesh))
