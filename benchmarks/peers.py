@@ -27,6 +27,9 @@ parameters:
     compare with the faster of the two (`torch_best`);
   * matmul: the float32 4096^3 matmul of `benchmarks.common`, the machine's peak in the same rounds.
 
+The snm-jax sparse step, the torch steps and the matmul share rounds; the dense-input step is
+timed in rounds of its own (it writes GBs per step and would slow whatever follows it).
+
 Before timing, both implementations take one step from the same parameters on the same batch
 and the same negative ids (the snm-jax sampler's draws for the step's key, handed to torch):
 their losses must agree to 1e-5 and the updated parameters (input table, projection, class
@@ -269,7 +272,10 @@ def run_k(w: Workload, num_labels: int, reps: int) -> tuple[list, dict, dict]:
       fns[f"torch_threads{threads}"] = run_torch
   fns["matmul"], mm_flops = common.matmul_fn()
   threads0 = torch.get_num_threads() if torch is not None else None
-  times = common.time_interleaved(fns, reps=reps)
+  # The dense-input step in rounds of its own: it writes GBs per step (the d x 512 gradient,
+  # optax on all d rows), which would slow whatever runs after it in a shared round.
+  dense = {"snm_jax_dense_input": fns.pop("snm_jax_dense_input")}
+  times = {**common.time_interleaved(fns, reps=reps), **common.time_interleaved(dense, reps=reps // 2)}
   if torch is not None:
     torch.set_num_threads(threads0)
   peak = common.peak_from_times(times.pop("matmul"), mm_flops)
