@@ -58,7 +58,7 @@ def _child_env() -> dict:
 
 # Columns of each module's table in summary.md (others: every scalar column).
 SUMMARY_COLUMNS = {
-    "step_scaling": ["variant", "K", "time_ms", "min_ms", "gflops", "frac_of_peak",
+    "step_scaling": ["variant", "K", "d", "time_ms", "min_ms", "gflops", "frac_of_peak",
                      "frac_of_interleaved_peak", "table_MiB", "temp_bytes", "note"],
     "mining": ["variant", "B", "k", "queries", "time_ms", "min_ms", "queries_per_s", "gflops",
                "frac_of_peak"],

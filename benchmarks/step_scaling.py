@@ -35,6 +35,19 @@ Memory: every configuration is compiled from abstract shapes first, and
 skipped (with a note) if XLA's buffer assignment exceeds the memory budget.
 The sparse variants are timed round-robin (one step of each K per round), so
 the K-scaling ratios are robust to the load of this shared machine.
+
+The input-dimension sweep (`run_input_sweep`, variants input_sparse,
+input_sparse_sgd, input_dense): the same project step at K = 10^4 with the
+tower's input table d x 128 for d in {10^4, 10^5, 10^6} at a fixed nnz = 64
+per row (`INPUT_SHAPE`): input_dense keeps the table a flax parameter
+(`model.input_update="dense"`: a dense d x 128 gradient and optax momentum on
+all d rows), input_sparse holds it outside the tower (`model.input_update=
+"sparse"`, the default: the touched rows only, lazy row momentum),
+input_sparse_sgd the same with plain SGD (tower and rows). All nine steps are
+timed round-robin, the six sparse steps in their own rounds (the dense-input
+steps write GBs per step and would evict the small-d tables the sparse steps
+otherwise keep in cache); the target is the sparse steps' t(10^6) / t(10^4)
+<= 1.2 with temporaries that do not grow with d.
 """
 
 from __future__ import annotations
@@ -54,7 +67,8 @@ from snm_jax.losses import sampled as sharded_losses
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import SNMTower, l2_normalize
 from snm_jax.train import row_optimizers
-from snm_jax.train.step import LossSpec, TrainState, make_train_step
+from snm_jax.train.input_table import InputTable, split_params
+from snm_jax.train.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +86,17 @@ class Shape:
 SIZES = {
     # The regression test runs "small" in-process; keep it well under 40 s.
     "small": dict(sparse_ks=(10**4, 10**6), dense_grad_ks=(10**4,), dense_ks=(10**4, 10**5),
-                  softmax_ks=(10**4,), reps=10, interleave_peak=False),
+                  softmax_ks=(10**4,), input_ds=(10**4, 10**5), reps=10, interleave_peak=False),
     "full": dict(sparse_ks=(10**4, 10**5, 10**6, 10**7), dense_grad_ks=(10**4, 10**6),
                  dense_ks=(10**4, 10**5, 10**6, 10**7), softmax_ks=(10**4, 10**5, 10**6, 10**7),
-                 reps=10, interleave_peak=True),
+                 input_ds=(10**4, 10**5, 10**6), input_reps=20, reps=10, interleave_peak=True),
 }
+# The input-dimension sweep: nnz = 64 features per row, K = 10^4 (the class side held small).
+INPUT_SHAPE = dataclasses.replace(Shape(), nnz=64)
+INPUT_SWEEP_K = 10**4
+# (sparse input table?, tower optimiser) of the input sweep: the default (lazy row momentum), plain
+# SGD (two passes over the touched rows instead of five), and the dense-input reference.
+INPUT_VARIANTS = ((True, "momentum"), (True, "sgd"), (False, "momentum"))
 TOWER_LR, TOWER_MOMENTUM, TABLE_LR = 0.1, 0.9, 0.5
 
 
@@ -131,6 +151,9 @@ def _state_shardings(abstract, mesh):
   rep = sharding.named(mesh, sharding.REPLICATED)
   sh = jax.tree.map(lambda _: rep, abstract)
   rows = lambda x: sharding.named(mesh, jax.P(sharding.MODEL, *[None] * (x.ndim - 1)))
+  if isinstance(abstract, SparseInputTrainState):
+    sh = sh.replace(input_table=rows(abstract.input_table),
+                    input_table_state=jax.tree.map(rows, abstract.input_table_state))
   if isinstance(abstract, TrainState):
     return sh.replace(table=sharding.named(mesh, sharding.TABLE),
                       table_state=jax.tree.map(rows, abstract.table_state))
@@ -192,6 +215,110 @@ def sparse_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET
   else:
     name, flops = "sparse", rescored_top_k_flops(s)
   return _build(name, step, init, args, mesh, num_labels, flops + tower_flops(s), budget)
+
+
+def input_bench(s: Shape, num_features: int, mesh, *, sparse: bool, num_labels: int = INPUT_SWEEP_K,
+                budget=common.MEMORY_BUDGET_BYTES, compile_only: bool = False, optimizer: str = "momentum"):
+  """The project's step with an SNMTower(num_features, h, h) trained with `optimizer` ("momentum":
+  optax momentum, on the input table lazy row momentum; "sgd": plain SGD, the same update either
+  way), its input table a flax parameter (`sparse=False`) or row-updated (`sparse=True`).
+  The input table is hash-filled (`common.hash_normal`: no d x h random-number temporaries).
+  compile_only: return XLA's memory accounting of the step, compiled from abstract shapes."""
+  tower = SNMTower(num_features=num_features, hidden=s.h, out=s.h)
+  # The dense layers do not depend on d: initialised on a one-feature tower.
+  dense_layers, _ = split_params(SNMTower(num_features=1, hidden=s.h, out=s.h).init(
+      jax.random.key(0), jnp.zeros((1, s.nnz), jnp.int32), jnp.zeros((1, s.nnz), jnp.float32)))
+  momentum = optimizer == "momentum"
+  tx = optax.sgd(TOWER_LR, momentum=TOWER_MOMENTUM if momentum else None)
+  ropt = row_optimizers.sgd()
+  in_opt = row_optimizers.momentum(TOWER_MOMENTUM) if momentum else row_optimizers.sgd()
+  in_table = InputTable(mesh=mesh, row_opt=in_opt, lr=lambda _: TOWER_LR) if sparse else None
+  sampler = StratifiedSampler(num_labels, s.b, num_strata=s.num_strata)
+  k_pad = sampler.padded_labels
+
+  def init():
+    rows = common.hash_normal((num_features, s.h), seed=3) * np.float32(s.h ** -0.5)
+    table = common.hash_normal((k_pad, s.h))
+    if sparse:
+      return SparseInputTrainState.create(
+          params=dense_layers, opt_state=tx.init(dense_layers), table=table,
+          table_state=ropt.init(k_pad, s.h), input_table=rows,
+          input_table_state=in_table.row_opt.init(num_features, s.h))
+    params = {"params": {**dense_layers["params"], "bag": {"embedding": rows}}}
+    return TrainState.create(params=params, opt_state=tx.init(params), table=table,
+                             table_state=ropt.init(k_pad, s.h))
+
+  step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda _: TABLE_LR,
+                         sampler=sampler, loss=snm_loss_spec(s, num_labels), mesh=mesh,
+                         normalize_classes=True, donate=True, input_table=in_table)
+  batch = common.random_batch(dataclasses.replace(s, num_features=num_features), num_labels)
+  data = sharding.named(mesh, jax.P(sharding.DATA))
+  args = ({k: jax.device_put(v, data) for k, v in batch.items()}, jax.random.key(1))
+  if compile_only:
+    return common.compiled_memory(_compile(step, init, args, mesh)[0])
+  name = ("input_sparse" if sparse else "input_dense") + ("" if momentum else "_sgd")
+  bench = _build(name, step, init, args, mesh, num_labels, rescored_top_k_flops(s) + tower_flops(s), budget)
+  if isinstance(bench, dict):
+    bench["d"] = num_features
+  else:
+    bench.num_features = num_features
+  return bench
+
+
+def run_input_sweep(s: Shape, ds, reps, peak, mesh, budget=common.MEMORY_BUDGET_BYTES,
+                    profile: bool = False) -> tuple[list, list]:
+  """input_sparse and input_dense at every d of `ds`, all built at once and timed round-robin.
+  Returns (rows, op profile of input_sparse at the largest d or [])."""
+  benches, rows, prof = {}, [], []
+  for d in ds:
+    for sparse, optimizer in INPUT_VARIANTS:
+      b = input_bench(s, d, mesh, sparse=sparse, budget=budget, optimizer=optimizer)
+      if isinstance(b, dict):
+        rows.append(b)
+      else:
+        benches[(d, sparse, optimizer)] = b
+  # Two groups of rounds: the dense-input steps write GBs per step (d x h gradient, optax on all
+  # d rows) and would flush from the caches the small-d tables the sparse steps keep warm.
+  times = {}
+  for sparse in (True, False):
+    group = {key: b.run for key, b in benches.items() if key[1] == sparse}
+    times.update(common.time_interleaved(group, reps=reps) if group else {})
+  for key, b in benches.items():
+    rows.append({**_row(b, times[key], peak, key[0] * s.h * 4), "d": key[0]})
+  default_keys = [key for key in benches if key[1] and key[2] == "momentum"]
+  if profile and default_keys:
+    b = benches[max(default_keys)]
+    prof = [{"d": b.num_features, **r} for r in common.op_profile(b.run, b.compiled)]
+  for b in benches.values():
+    b.free()
+  return sorted(rows, key=lambda r: (r["variant"], r["d"])), prof
+
+
+def input_summary(rows, s: Shape = INPUT_SHAPE) -> dict:
+  """The input sweep's targets: input_sparse's t(d_max) / t(d_min) <= 1.2 (at 10^6 / 10^4 when
+  both ran) and temporaries that do not grow with d: equal at every d >= N nnz, no larger below
+  (where merging duplicate ids needs only d + 1 rows, `apply_row_update(cap_unique=True)`);
+  input_dense's ratio for comparison."""
+  out = {}
+  for variant in ("input_sparse", "input_sparse_sgd", "input_dense"):
+    r = sorted((x for x in rows if x["variant"] == variant and not x.get("skipped")), key=lambda x: x["d"])
+    if len(r) < 2:
+      continue
+    ratio = r[-1]["time_ms"] / r[0]["time_ms"]
+    out[f"{variant}_ratio"] = {"value": ratio, "d": (r[-1]["d"], r[0]["d"]),
+                               "temp_bytes": {x["d"]: x["temp_bytes"] for x in r}}
+    if variant.startswith("input_sparse"):
+      out[f"target_{variant}_time_ratio"] = {"value": ratio, "target": "<= 1.2", "met": ratio <= 1.2,
+                                             "d": (r[-1]["d"], r[0]["d"])}
+      bound = r[-1]["temp_bytes"]
+      flat = all(x["temp_bytes"] == bound if x["d"] >= s.n * s.nnz else x["temp_bytes"] <= bound
+                 for x in r)
+      out[f"target_{variant}_temps_flat_in_d"] = {"value": {x["d"]: x["temp_bytes"] for x in r},
+                                                  "met": flat}
+  speed = {x["d"]: x["time_ms"] for x in rows if x["variant"] == "input_sparse" and not x.get("skipped")}
+  out["input_dense_over_sparse"] = {x["d"]: x["time_ms"] / speed[x["d"]] for x in rows
+                                    if x["variant"] == "input_dense" and x["d"] in speed}
+  return out
 
 
 def dense_bench(s: Shape, num_labels: int, mesh, *, budget=common.MEMORY_BUDGET_BYTES,
@@ -358,31 +485,44 @@ def scaling_summary(rows) -> dict:
 
 
 def run(size: str = "small", out_dir: str | None = None, peak: dict | None = None,
-        shape: Shape = Shape(), include_references: bool = True) -> dict:
-  """Runs the benchmark; returns the JSON payload (also written to out_dir if given)."""
+        shape: Shape = Shape(), include_references: bool = True, input_sweep: bool | None = None,
+        k_sweep: bool = True) -> dict:
+  """Runs the benchmark; returns the JSON payload (also written to out_dir if given).
+  input_sweep: run the input-dimension sweep too (default: with the references); k_sweep=False
+  runs it alone."""
   cfg = SIZES[size]
   mesh = sharding.make_mesh((1, 1), devices=jax.devices()[:1])
   peak = peak or common.matmul_peak()
-  rows, prof, il_peak = run_sparse_sweep(shape, cfg["sparse_ks"], cfg["reps"], peak, mesh,
-                                         profile=include_references,
-                                         interleave_peak=cfg["interleave_peak"],
-                                         dense_grad_ks=cfg["dense_grad_ks"] if include_references else ())
-  if include_references:
+  rows, prof, il_peak = [], [], None
+  if k_sweep:
+    rows, prof, il_peak = run_sparse_sweep(shape, cfg["sparse_ks"], cfg["reps"], peak, mesh,
+                                           profile=include_references,
+                                           interleave_peak=cfg["interleave_peak"],
+                                           dense_grad_ks=cfg["dense_grad_ks"] if include_references else ())
+  input_rows, input_prof = [], []
+  if include_references if input_sweep is None else input_sweep:
+    input_rows, input_prof = run_input_sweep(INPUT_SHAPE, cfg["input_ds"], cfg.get("input_reps", cfg["reps"]),
+                                             peak, mesh, profile=True)
+  if include_references and k_sweep:
     for k in cfg["dense_ks"]:
       rows.append(run_one(dense_bench, shape, k, cfg["reps"], peak, mesh))
     for k in cfg["softmax_ks"]:
       rows.append(run_one(sparse_bench, shape, k, cfg["reps"], peak, mesh, full_softmax=True))
       rows.append(run_one(dense_bench, shape, k, cfg["reps"], peak, mesh, full_softmax=True))
-  notes = [r["variant"] + f" K={r['K']}: skipped, " + r["note"] for r in rows if r.get("skipped")]
-  summary = scaling_summary(rows)
+  rows += input_rows
+  notes = [r["variant"] + f" K={r['K']}" + (f" d={r['d']}" if "d" in r else "") + ": skipped, " + r["note"]
+           for r in rows if r.get("skipped")]
+  summary = {**scaling_summary(rows), **input_summary(input_rows)}
   return common.report(
       "step_scaling", size, {**dataclasses.asdict(shape), **cfg,
                              "tower": f"SNMTower(num_features={shape.num_features}, hidden={shape.h}, "
                                       f"out={shape.h})", "mesh": "(1, 1)"},
-      rows, ["variant", "K", "time_ms", "min_ms", "gflops", "frac_of_peak", "frac_of_interleaved_peak",
+      rows, ["variant", "K", "d", "time_ms", "min_ms", "gflops", "frac_of_peak", "frac_of_interleaved_peak",
              "table_MiB", "temp_bytes"],
       peak, notes, out_dir,
-      extra={"summary": summary, "interleaved_matmul_peak": il_peak, "sparse_step_op_profile": prof})
+      extra={"summary": summary, "interleaved_matmul_peak": il_peak, "sparse_step_op_profile": prof,
+             "input_sweep_shape": dataclasses.asdict(INPUT_SHAPE),
+             "input_sparse_step_op_profile": input_prof})
 
 
 def main(argv):
@@ -392,6 +532,10 @@ def main(argv):
   if payload["sparse_step_op_profile"]:
     print("\nsparse step, largest K, time per HLO op:")
     print(common.format_table(payload["sparse_step_op_profile"], ["op", "ms", "share", "shape", "source"]))
+  if payload["input_sparse_step_op_profile"]:
+    print("\nsparse-input step, largest d, time per HLO op:")
+    print(common.format_table(payload["input_sparse_step_op_profile"],
+                              ["op", "ms", "share", "shape", "source"]))
 
 
 if __name__ == "__main__":

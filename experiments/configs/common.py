@@ -62,6 +62,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.feature_dropout = 0.0   # Rate of dropping input nonzeros (mlp: input entries) in training (kept ones scaled by 1/(1-rate)), [0, 1).
   # Tower input layer: gather (cost independent of d; for large d) | dense (densified input x table: faster for d <~ 10^4).
   c.model.bag_matmul = "gather"
+  # How the tower's gathered input table (its EmbeddingBag, d x hidden, with bag_matmul=gather; snm_tower
+  # and wide_deep) is trained: sparse (held like the class table, sharded over `model`: only the rows of
+  # the batch's feature ids get gradients and updates, with the tower optimiser's row-wise counterpart:
+  # sgd -> sgd, momentum -> lazy momentum, adagrad -> row-wise adagrad, adam refused; step cost
+  # independent of d) | dense (a flax parameter: a dense d x hidden gradient, optax updates all d rows
+  # each step; how every run before this field trained). bag_matmul=dense is a dense layer: dense update.
+  c.model.input_update = "sparse"
 
   c.table = ml_collections.ConfigDict()
   c.table.optimizer = "sgd"       # Row-wise sparse optimiser: sgd | momentum | adagrad.

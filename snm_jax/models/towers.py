@@ -4,6 +4,12 @@ the object that gets sharded and sparsely updated, so the trainer owns it.
 Inputs are padded sparse rows: ``feat_ids`` (N, nnz) int32 and ``feat_vals``
 (N, nnz) float32 (padding has value 0), or, for `MLPTower`, dense rows
 ``features`` (N, d) float32; `tower_inputs(batch)` picks them out of a batch.
+
+The input table of `EmbeddingBag` (d x hidden) is a flax parameter by default.
+With a sparse input update (`model.input_update="sparse"`) the trainer owns it
+like the class table (`snm_jax.train.input_table`) and passes the towers a
+`bag_fn(feat_ids, feat_vals) -> (N, hidden)` that computes the bag from rows it
+gathered: the module then never creates or reads its "embedding" parameter.
 """
 
 from __future__ import annotations
@@ -47,6 +53,14 @@ class EmbeddingBag(nn.Module):
   values (summation order aside), several times faster while d is moderate
   (measured 6x fewer steps/s for the gather on Delicious, d = 500, on 2 CPU
   cores), hopeless for d in the 10^5s.
+
+  bag_fn: if given, `bag_fn(feat_ids, feat_vals)` (N, h) is the output and the
+  "embedding" parameter is neither created nor read: the caller holds the table
+  and computes the same sum (the train step's sparse input update,
+  `snm_jax.train.input_table`). The values it was called with are then sown as
+  "values" in the "intermediates" collection (kept only when the caller passes
+  `mutable=["intermediates"]`): the row gradients are those values times the
+  gradient of the bag.
   """
   num_features: int
   features: int
@@ -54,7 +68,11 @@ class EmbeddingBag(nn.Module):
   matmul: str = "gather"
 
   @nn.compact
-  def __call__(self, feat_ids, feat_vals):
+  def __call__(self, feat_ids, feat_vals, bag_fn=None):
+    if bag_fn is not None:
+      feat_vals = feat_vals.astype(self.dtype)
+      self.sow("intermediates", "values", feat_vals)
+      return bag_fn(feat_ids, feat_vals)
     table = self.param("embedding", nn.initializers.normal(stddev=self.features ** -0.5),
                        (self.num_features, self.features), self.dtype)
     feat_vals = feat_vals.astype(self.dtype)
@@ -87,6 +105,9 @@ class SNMTower(nn.Module):
   (`apply(params, ids, vals, train=True, rngs={"dropout": key})`); the default
   call `apply(params, ids, vals)` is deterministic (evaluation). At rate 0 no
   rng is drawn.
+
+  bag_fn: `EmbeddingBag`'s (the input table held outside the module); it is
+  called with the feature values after feature dropout.
   """
   num_features: int
   hidden: int = 512
@@ -97,10 +118,10 @@ class SNMTower(nn.Module):
   bag_matmul: str = "gather"   # EmbeddingBag.matmul
 
   @nn.compact
-  def __call__(self, feat_ids, feat_vals, train: bool = False):
+  def __call__(self, feat_ids, feat_vals, train: bool = False, bag_fn=None):
     feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
     h = nn.relu(EmbeddingBag(self.num_features, self.hidden, matmul=self.bag_matmul, name="bag")(
-        feat_ids, feat_vals))
+        feat_ids, feat_vals, bag_fn=bag_fn))
     h = nn.Dropout(self.dropout, deterministic=not train, name="bag_dropout")(h)
     q = nn.Dense(self.out, name="proj")(h)
     return l2_normalize(q) if self.normalize else q
@@ -139,6 +160,7 @@ class WideDeepQuery(nn.Module):
 
   feature_dropout drops input nonzeros once, before both paths (the same mask
   for both); dropout acts on the tower's bag output. Both only with train=True.
+  bag_fn: the tower's (`SNMTower`).
   """
   num_features: int
   hidden: int = 512
@@ -148,11 +170,12 @@ class WideDeepQuery(nn.Module):
   bag_matmul: str = "gather"   # EmbeddingBag.matmul of the tower
 
   @nn.compact
-  def __call__(self, feat_ids, feat_vals, train: bool = False):
+  def __call__(self, feat_ids, feat_vals, train: bool = False, bag_fn=None):
     feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
     wide = LinearQuery(self.num_features, name="wide")(feat_ids, feat_vals)
     deep = SNMTower(self.num_features, hidden=self.hidden, out=self.out, dropout=self.dropout,
-                    bag_matmul=self.bag_matmul, name="tower")(feat_ids, feat_vals, train=train)
+                    bag_matmul=self.bag_matmul, name="tower")(feat_ids, feat_vals, train=train,
+                                                              bag_fn=bag_fn)
     return jnp.concatenate([wide, deep], axis=-1)
 
 

@@ -15,6 +15,7 @@ from snm_jax.losses import registry as losses_registry
 from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, padded_num_labels, unigram_stratum_cdf
 from snm_jax.models.towers import LinearQuery, MLPTower, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers, sample_schedule
+from snm_jax.train.input_table import InputTable
 # The override helpers, also under their old home here (experiments/train.py, tests).
 from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config_fields,  # noqa: F401
                                      is_auto, parse_search, unknown_field_error)
@@ -62,6 +63,9 @@ ON_NONFINITE = ("stop", "skip")
 ON_UNREADABLE = ("restart", "fail")
 DISTRIBUTED_MODES = ("auto", "yes", "no")
 BAG_MATMULS = ("gather", "dense")  # models.towers.EmbeddingBag.matmul
+INPUT_UPDATES = ("sparse", "dense")  # model.input_update
+BAG_KINDS = ("snm_tower", "wide_deep")  # models with an EmbeddingBag: an input table to update
+INPUT_ROW_OPTIMIZERS = ("sgd", "momentum", "adagrad")  # optimizer.name with a row-wise counterpart
 
 
 def _is_int(value) -> bool:
@@ -206,6 +210,7 @@ def validate(config, num_labels: int | None = None) -> None:
   _rate("model.feature_dropout", _field(m, "feature_dropout", 0.0))
   if given("model.bag_matmul"):
     _one_of("model.bag_matmul", _field(m, "bag_matmul", "gather"), BAG_MATMULS)
+  _one_of("model.input_update", _field(m, "input_update", "dense"), INPUT_UPDATES)
   # ---- optimisers
   o = config.optimizer
   _one_of("optimizer.name", o.name, TOWER_OPTIMIZERS)
@@ -217,6 +222,8 @@ def validate(config, num_labels: int | None = None) -> None:
   _real("optimizer.weight_decay", _field(o, "weight_decay", 0.0), 0)
   _one_of("optimizer.decay", _field(o, "decay", "constant"), DECAYS)
   _int("optimizer.warmup_steps", _field(o, "warmup_steps", 0), 0)
+  if given("model.kind") and sparse_input_table(config):
+    _validate_sparse_input(config)
   t = config.table
   _one_of("table.optimizer", t.optimizer, TABLE_OPTIMIZERS)
   if given("table.learning_rate"):
@@ -430,6 +437,22 @@ def _validate_schedule_with_labels(config, num_labels: int) -> None:
       raise ConfigError(sample_schedule.FIELD, f"phase ({start}, {b}): {e}") from None
 
 
+def _validate_sparse_input(config) -> None:
+  """model.input_update="sparse" with a gathered input table: a tower optimiser with a row-wise
+  counterpart (`make_input_table`)."""
+  o = config.optimizer
+  if o.name not in INPUT_ROW_OPTIMIZERS:
+    raise ConfigError("model.input_update", f"'sparse' updates the input table with the row-wise "
+                      f"counterpart of optimizer.name, and {o.name!r} has none (one of "
+                      f"{list(INPUT_ROW_OPTIMIZERS)}): change optimizer.name or set "
+                      "model.input_update=dense")
+  wd = _field(o, "weight_decay", 0.0)
+  if wd and o.learning_rate * wd >= 1.0:
+    raise ConfigError("optimizer.weight_decay", f"optimizer.learning_rate * optimizer.weight_decay "
+                      f"= {o.learning_rate} * {wd} must be < 1 with model.input_update=sparse (each "
+                      "touched input row is multiplied by 1 - lr * weight_decay)")
+
+
 def _validate_files(d) -> None:
   """dataset.files: four existing files when dataset.name="files", else none set (a set path
   with another dataset.name would be silently ignored)."""
@@ -629,6 +652,33 @@ def make_tower(config, num_features: int):
             num_features + 1 + m.out)
   return SNMTower(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
                   feature_dropout=feature_dropout, bag_matmul=bag_matmul), m.out
+
+
+def sparse_input_table(config) -> bool:
+  """True when the tower's EmbeddingBag table is a row-updated table: model.input_update="sparse"
+  with snm_tower or wide_deep and model.bag_matmul="gather", in the classification task. linear
+  and mlp have no input table; a dense-matmul bag (bag_matmul="dense", or "auto" before a recipe
+  resolves it) is a dense layer whose gradient is the whole table, updated by optax; the
+  retrieval task's tower has no EmbeddingBag."""
+  m = config.model
+  return (_field(config, "task", "classification") == "classification" and m.kind in BAG_KINDS
+          and _field(m, "bag_matmul", "gather") == "gather"
+          and _field(m, "input_update", "dense") == "sparse")
+
+
+def make_input_table(config, mesh) -> InputTable | None:
+  """The sparse input table's operations (`snm_jax.train.input_table`), or None (dense update,
+  or no input table). Its row optimiser is the tower optimiser's row-wise counterpart at the
+  tower's learning rate schedule: sgd -> SGD, momentum -> lazy momentum (beta =
+  optimizer.momentum), adagrad -> row-wise Adagrad, with optimizer.weight_decay as the row
+  optimiser's decoupled, lazy decay (the differences: `snm_jax.train.input_table`)."""
+  if not sparse_input_table(config):
+    return None
+  o = config.optimizer
+  opt = row_optimizers.get_row_optimizer(o.name, **({"beta": o.momentum} if o.name == "momentum" else {}))
+  wd = float(_field(o, "weight_decay", 0.0))
+  return InputTable(mesh=mesh, row_opt=opt._replace(weight_decay=wd) if wd else opt,
+                    lr=make_schedule(o, config.train.num_steps))
 
 
 def make_schedule(opt_config, num_steps: int, field: str = "optimizer"):

@@ -47,6 +47,10 @@ RESUMABLE_FIELDS = ("train.num_steps", "train.log_every", "train.eval_every", "t
                     "train.on_nonfinite", "train.max_skipped_steps", "train.on_unreadable_checkpoints",
                     "eval.", "diagnostics.", "mesh.", "distributed.", "dataset.data_dir", "recipe.")
 NOT_RESUMABLE = ("eval.select_metric",)
+# Fields added since some workdirs were written, with the value their absence meant: a saved
+# config.json without one is compared as if it held it (model.input_update=sparse changes the
+# state's pytree, so resuming an older workdir with it must be refused, not restarted).
+ADDED_FIELDS = {"model.input_update": "dense"}
 
 
 def state_digest(state) -> str:
@@ -222,9 +226,11 @@ def _current_names(flat: dict) -> dict:
 
 def config_differences(saved: dict, new: dict) -> list[tuple[str, object, object]]:
   """(field, saved value, new value) for every dotted field present in both JSON configs that
-  differs, sorted. Fields only one side has (added or removed since) are not compared; a field
-  `saved` holds under its old name (RENAMED_FIELDS) is compared under the new one."""
+  differs, sorted. Fields only one side has (added or removed since) are not compared, except
+  ADDED_FIELDS, which a saved config lacks with their listed value; a field `saved` holds under
+  its old name (RENAMED_FIELDS) is compared under the new one."""
   a, b = _current_names(_flatten(saved)), _flatten(new)
+  a = {**{f: v for f, v in ADDED_FIELDS.items() if f in b}, **a}
   return sorted((f, a[f], b[f]) for f in a.keys() & b.keys() if a[f] != b[f])
 
 

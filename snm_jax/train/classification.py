@@ -25,8 +25,9 @@ from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.train import builders, sample_schedule
 from snm_jax.train.diagnostics import make_diagnose, probe_batch
 from snm_jax.train.evaluate import make_evaluate
+from snm_jax.train.input_table import input_table_rows, split_params
 from snm_jax.train.run_data import load_run_data
-from snm_jax.train.step import TrainState, make_train_step
+from snm_jax.train.step import SparseInputTrainState, TrainState, make_train_step
 from snm_jax.train.task import Task
 
 
@@ -78,6 +79,7 @@ def build(config, mesh) -> Task:
   tx = builders.make_tower_optimizer(config)
   row_opt = builders.make_row_optimizer(config)
   normalize_classes = builders.resolve_normalize_classes(config)
+  input_table = builders.make_input_table(config, mesh)  # None: the input table is a flax parameter
   cdf_dev = None if cdf is None else jax.device_put(cdf, sharding.named(mesh, jax.P(sharding.MODEL)))
 
   def sampler_and_loss(b):
@@ -95,7 +97,7 @@ def build(config, mesh) -> Task:
     return make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
                            table_lr=builders.make_table_schedule(config), sampler=b_sampler, loss=loss,
                            mesh=mesh, normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
-                           table_rows=table_rows, max_traces=1)
+                           table_rows=table_rows, max_traces=1, input_table=input_table)
 
   train_step = sample_schedule.phased_step(schedule, train_step_for)
 
@@ -109,11 +111,14 @@ def build(config, mesh) -> Task:
       max_nnz=config.dataset.max_nnz or "auto", max_labels=config.dataset.max_labels or "auto",
       seed=config.seed, process_index=process_index, process_count=process_count)
 
-  state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.example_inputs())
+  state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.example_inputs(),
+                       input_table)
   logging.info("state created: table %s (%s) on mesh %s", state.table.shape, state.table.dtype,
                dict(mesh.shape))
 
-  eval_kwargs = dict(tower_apply=tower.apply, mesh=mesh, normalize_classes=normalize_classes,
+  # The evaluators and diagnostics call tower_apply(state.tower_params(), *inputs).
+  tower_apply = tower.apply if input_table is None else input_table.apply_fn(tower.apply)
+  eval_kwargs = dict(tower_apply=tower_apply, mesh=mesh, normalize_classes=normalize_classes,
                      max_nnz=batcher.max_nnz, max_labels=batcher.max_labels, dense_inputs=dense,
                      tree_sampler=sampler if config.mining.sampler == "tree" else None)
   evaluators = {"test": make_evaluate(config, run_data, "test", **eval_kwargs)}
@@ -128,7 +133,7 @@ def build(config, mesh) -> Task:
     def diagnose_for(b):  # the sampler and loss of the phase that trains the diagnosed state
       b_sampler, loss = sampler_and_loss(b)
       return make_diagnose(
-          tower_apply=tower.apply, sampler=b_sampler, loss=loss, mesh=mesh,
+          tower_apply=tower_apply, sampler=b_sampler, loss=loss, mesh=mesh,
           normalize_classes=normalize_classes, num_labels=num_labels, probe=probe,
           k=config.diagnostics.k or config.mining.k, snr_draws=config.diagnostics.snr_draws,
           seed=config.seed, stratum_cdf=cdf_dev, table_rows=table_rows, row_block=config.eval.row_block)
@@ -140,10 +145,13 @@ def build(config, mesh) -> Task:
                     "tree_fit_seconds": tree_fit_seconds, **tree_info})  # not included in train_seconds
 
 
-def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inputs):
+def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inputs, input_table=None):
   """Initialises the state directly with its shardings (no full table on one device).
 
   example_inputs: the tower's inputs of one row (the batcher's `example_inputs()`).
+  input_table: an `InputTable` (model.input_update="sparse"): a `SparseInputTrainState` whose
+  input table holds the EmbeddingBag rows `tower.init` draws (the dense path's initial values),
+  padded with zero rows to `input_table_rows`, row-sharded over `model` like the class table.
   """
   key = jax.random.key(config.seed)
   k_tower, k_table = jax.random.split(key)
@@ -179,17 +187,27 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
   def init():
     params = tower.init(k_tower, *map(jnp.asarray, example_inputs))
     table = init_table()
-    return TrainState.create(params=params, opt_state=tx.init(params),
-        table=table,
-        table_state=row_opt.init(table_rows, dim))
+    if input_table is None:
+      return TrainState.create(params=params, opt_state=tx.init(params),
+          table=table,
+          table_state=row_opt.init(table_rows, dim))
+    params, rows = split_params(params)
+    num_rows = input_table_rows(rows.shape[0], strata)
+    return SparseInputTrainState.create(
+        params=params, opt_state=tx.init(params), table=table, table_state=row_opt.init(table_rows, dim),
+        input_table=jnp.pad(rows, ((0, num_rows - rows.shape[0]), (0, 0))),
+        input_table_state=input_table.row_opt.init(num_rows, rows.shape[1]))
 
   abstract = jax.eval_shape(init)
   replicated = sharding.named(mesh, sharding.REPLICATED)
+  by_rows = lambda x: sharding.named(mesh, jax.P(sharding.MODEL, *[None] * (x.ndim - 1)))  # noqa: E731
   shardings = jax.tree.map(lambda _: replicated, abstract)
   shardings = shardings.replace(
       table=sharding.named(mesh, sharding.TABLE),
-      table_state=jax.tree.map(lambda x: sharding.named(mesh, jax.P(sharding.MODEL, *[None] * (x.ndim - 1))),
-                               abstract.table_state))
+      table_state=jax.tree.map(by_rows, abstract.table_state))
+  if input_table is not None:
+    shardings = shardings.replace(input_table=by_rows(abstract.input_table),
+                                  input_table_state=jax.tree.map(by_rows, abstract.input_table_state))
   state = jax.jit(init, out_shardings=shardings)()
   sharding.assert_table_sharded(state.table, mesh)
   return state

@@ -164,13 +164,14 @@ def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_class
 
   def diagnose(state, step: int) -> dict:
     key = jax.random.fold_in(base_key, step)
-    recall, rank = (to_host(x) for x in mining(state.params, state.table, key))
+    recall, rank = (to_host(x) for x in mining(state.tower_params(), state.table, key))
     valid = to_host(probe["valid"]) & (rank > 0)
     out = {f"mining_recall@{k}": float(np.mean(recall[valid])),
            "hardest_mined_rank": float(np.mean(rank[valid])),
            "hardest_mined_rank_median": float(np.median(rank[valid]))}
     if snr_draws >= 2:
-      signal, noise = (float(x) for x in jax.device_get(grad_moments(state.params, state.table, key)))
+      signal, noise = (float(x) for x in jax.device_get(grad_moments(state.tower_params(), state.table,
+                                                                      key)))
       out["grad_snr"] = float(np.sqrt(signal / noise)) if noise > 0 else float("inf")
       out["grad_snr_db"] = float(10 * np.log10(signal / noise)) if noise > 0 else float("inf")
     return out

@@ -77,7 +77,7 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
 
   def evaluate(state) -> dict:
     t0 = time.perf_counter()
-    pred, loglik = evaluator.predict(state.params, state.table)
+    pred, loglik = evaluator.predict(state.tower_params(), state.table)
     split_labels = evaluator.batcher.labels
     out = multilabel_metrics(pred, split_labels, propensities, config.eval.k_max)
     out.update(retrieval_metrics(pred, split_labels, run_data.label_counts, config.eval.recall_r))

@@ -92,7 +92,7 @@ def get_row_optimizer(name: str, **kwargs) -> RowOptimizer:
   return table[name](**kwargs)
 
 
-def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer):
+def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_unique: bool = False):
   """Applies `opt` to the rows of `table` named by `row_ids`.
 
   Args:
@@ -102,6 +102,10 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer):
       (use R_local to mark "not mine" / padding).
     grads: (T, h) gradient of each touched row (duplicates are summed).
     lr: scalar learning rate.
+    cap_unique: merge duplicates into min(T, R_local + 1) rows instead of T (there are at most
+      R_local + 1 distinct ids, "not mine" included): the same values, far less work when
+      T >> R_local (a sparse input table with d < N nnz). Off by default: the class table's
+      updates keep their compiled shapes (row-wise Adagrad's mean may round differently).
   Returns:
     (table, state) with only the touched rows changed; cost O(T h + T log T),
     or O(T h) for an additive optimiser (SGD) without weight decay. With
@@ -124,8 +128,9 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer):
       factor = jnp.asarray(1.0 - lr * wd, table.dtype)
       table = table.at[jnp.where(first, ids, num_rows)].multiply(factor, mode="drop")
     return table, state
-  unique, inverse = jnp.unique(row_ids, size=t, fill_value=num_rows, return_inverse=True)
-  merged = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=t)
+  size = min(t, num_rows + 1) if cap_unique else t
+  unique, inverse = jnp.unique(row_ids, size=size, fill_value=num_rows, return_inverse=True)
+  merged = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=size)
   rows = table.at[unique].get(mode="fill", fill_value=0)
   state_rows = jax.tree.map(lambda s: s.at[unique].get(mode="fill", fill_value=0), state)
   new_rows, new_state_rows = opt.update(rows, merged.astype(rows.dtype), state_rows, lr)

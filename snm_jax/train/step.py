@@ -12,6 +12,11 @@ One step, for a minibatch of N examples and B sampled negatives:
      each table shard (`snm_jax.train.row_optimizers`), shard-locally, with
      its optional decoupled decay of those rows (lazy: untouched rows are not
      decayed) at the same learning rate `table_lr(step)`.
+With a sparse input table (`input_table`, model.input_update="sparse") the
+tower's EmbeddingBag table is handled like the class table: the tower's bag is
+summed from the rows of the batch's feature ids, the loss is differentiated
+w.r.t. the bag vectors (N, hidden), and in step 3 only those rows are updated
+(`snm_jax.train.input_table`); optax keeps the dense layers.
 Tower dropout (if any) uses a key folded out of the step's rng, so the
 sampler's draws do not depend on it.
 The cost is O((N + B) h) for the table and O(N B h / M) for scoring; nothing
@@ -35,6 +40,7 @@ from snm_jax.losses import registry as losses_registry
 from snm_jax.mining import negatives as negatives_lib
 from snm_jax.models.towers import l2_normalize, normalized_row_scores, tower_inputs
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
+from snm_jax.train.input_table import InputTable, SparseTowerParams, bag_values
 from snm_jax.train.nonfinite import all_finite
 from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
 
@@ -60,12 +66,32 @@ class TrainState:
     """The trained leaves, in the order `task.state_fingerprint` hashes them."""
     return (self.params, self.table, self.table_state, self.opt_state)
 
+  def tower_params(self):
+    """What the evaluators' and diagnostics' `tower_apply` takes: the tower's parameters."""
+    return self.params
+
   @classmethod
-  def create(cls, *, params, opt_state, table, table_state) -> "TrainState":
-    """A state at step 0 with no non-finite step seen (jit-compatible)."""
+  def create(cls, *, params, opt_state, table, table_state, **extra) -> "TrainState":
+    """A state at step 0 with no non-finite step seen (jit-compatible); `extra`: a subclass's fields."""
     return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, table=table,
                table_state=table_state, nonfinite_steps=jnp.zeros((), jnp.int32),
-               first_nonfinite_step=jnp.full((), -1, jnp.int32))
+               first_nonfinite_step=jnp.full((), -1, jnp.int32), **extra)
+
+
+@flax.struct.dataclass
+class SparseInputTrainState(TrainState):
+  """The state with a sparse input table (model.input_update="sparse", `snm_jax.train.input_table`):
+  `params` lacks the tower's EmbeddingBag table, which is held here. A subclass, so that the dense
+  path's state (and its checkpoints and fingerprints) keeps its former pytree."""
+  input_table: Any = None        # (d_pad, hidden) the EmbeddingBag's rows, row-sharded over `model`
+  input_table_state: Any = None  # its row-optimiser state, leading dim d_pad
+
+  def fingerprint_leaves(self):
+    return super().fingerprint_leaves() + (self.input_table, self.input_table_state)
+
+  def tower_params(self):
+    """`SparseTowerParams`, what `InputTable.apply_fn(tower.apply)` takes."""
+    return SparseTowerParams(self.params, self.input_table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,15 +165,19 @@ class LossAndGrads(NamedTuple):
   g_rows: jax.Array       # gradient of the gathered rows (`negatives.rows_spec`)
   g_pos: jax.Array        # (M, N, h) gradient of the positives' rows, per owning shard
   draws: negatives_lib.Draws
+  g_input: Any = None     # (N, hidden) gradient of the tower's bag vectors (sparse input table)
+  input_values: Any = None  # (N, nnz) the values the bag was called with (after feature dropout)
 
 
 def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh, normalize_classes: bool,
                         stratum_cdf: jax.Array | None = None, table_rows: int | None = None,
-                        dropout: bool | None = None):
+                        dropout: bool | None = None, input_table: InputTable | None = None):
   """Builds `loss_and_grads(params, table, batch, rng) -> (LossAndGrads, negatives layout)`:
   steps 1 and 2 of the module docstring (sample + gather, score + loss, backward),
   unjitted, so the train step and the diagnostics (`snm_jax.train.diagnostics`)
-  share them. Arguments as in `make_train_step`."""
+  share them. Arguments as in `make_train_step`; with `input_table`, `params` is a
+  `SparseTowerParams` (the state's `tower_params()`) and its table's gradient is given
+  as that of the bag vectors, `g_input`, with the bag's `input_values`."""
   if normalize_classes is None:
     raise ValueError("normalize_classes=None (config 'auto'): pass "
                      "builders.resolve_normalize_classes(config)")
@@ -188,21 +218,29 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
   def loss_and_grads(params, table, batch, rng) -> LossAndGrads:
     # ---- 1. sample + gather (no gradient) -------------------------------------
     draws = negatives.draw_and_gather(table, batch, rng)
+    delta = None  # sparse input table: the bag vectors' zero offset, differentiated
+    if input_table is not None:
+      in_table, params = params.input_table, params.params
+      delta = input_table.zero_delta(in_table, batch["feat_ids"])
 
-    def loss_fn(params, rows, pos_rows):
+    def loss_fn(params, rows, pos_rows, delta):
+      kw = {}
+      if delta is not None:
+        kw = {"bag_fn": input_table.bag_fn(in_table, delta), "mutable": ["intermediates"]}
       if dropout:
         q = tower_apply(params, *tower_inputs(batch), train=True,
-                        rngs={"dropout": jax.random.fold_in(rng, DROPOUT_FOLD_IN)})
+                        rngs={"dropout": jax.random.fold_in(rng, DROPOUT_FOLD_IN)}, **kw)
       else:
-        q = tower_apply(params, *tower_inputs(batch))
+        q = tower_apply(params, *tower_inputs(batch), **kw)
+      q, values = (q, None) if delta is None else (q[0], bag_values(q[1]["intermediates"]))
       per_ex, pos, hardest, n_valid = sharded_loss(q, rows, pos_rows, draws.ids, draws.log_q,
                                                    batch["label_set"], draws.log_q_pos)
       per_ex = jnp.where(batch["valid"], per_ex, 0.0)
-      return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid)
+      return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid, values)
 
-    (loss_value, aux), (g_params, g_rows, g_pos) = jax.value_and_grad(
-        loss_fn, argnums=(0, 1, 2), has_aux=True)(params, draws.rows, draws.pos_rows)
-    return LossAndGrads(loss_value, *aux, g_params, g_rows, g_pos, draws)
+    (loss_value, (*aux, values)), (g_params, g_rows, g_pos, g_input) = jax.value_and_grad(
+        loss_fn, argnums=(0, 1, 2, 3), has_aux=True)(params, draws.rows, draws.pos_rows, delta)
+    return LossAndGrads(loss_value, *aux, g_params, g_rows, g_pos, draws, g_input, values)
 
   return loss_and_grads, negatives
 
@@ -210,7 +248,8 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
 def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     row_opt: RowOptimizer, table_lr: Callable, sampler, loss: LossSpec, mesh,
                     normalize_classes: bool, stratum_cdf: jax.Array | None = None, donate: bool = True,
-                    table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None):
+                    table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None,
+                    input_table: InputTable | None = None):
   """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
 
   sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
@@ -234,30 +273,38 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     loop passes 1: its state is created with the step's output shardings, so
     one compilation serves the whole run. (A state built on the host, as in
     tests, is traced once more after the first step commits it to devices.)
+  input_table: an `InputTable` (model.input_update="sparse"): the state is a
+    `SparseInputTrainState`, `tower_apply` takes a `bag_fn` (`towers.SNMTower`), and the
+    input table's touched rows get `input_table.row_opt` at `input_table.lr(step)`.
   """
   loss_and_grads, negatives = make_loss_and_grads(
       tower_apply=tower_apply, sampler=sampler, loss=loss, mesh=mesh,
       normalize_classes=normalize_classes, stratum_cdf=stratum_cdf, table_rows=table_rows,
-      dropout=dropout)
+      dropout=dropout, input_table=input_table)
   update_table = make_table_update(negatives, mesh, row_opt)
 
   def train_step(state: TrainState, batch, rng):
-    out = loss_and_grads(state.params, state.table, batch, rng)
+    out = loss_and_grads(state.tower_params(), state.table, batch, rng)
     # ---- 3. update; a non-finite loss or gradient drops it (see _all_finite) --
     updates, opt_state = tx.update(out.g_params, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    finite = _all_finite(out.loss, out.g_rows, out.g_pos, params, opt_state)
+    finite = _all_finite(out.loss, out.g_rows, out.g_pos, params, opt_state, (out.g_input, out.input_values))
     keep_if_bad = lambda new, old: jnp.where(finite, new, old)  # pylint: disable=unnecessary-lambda-assignment
     table, table_state = update_table(
         state.table, state.table_state, out.draws.ids, jnp.where(finite, out.g_rows, 0.0),
         jnp.where(finite, out.g_pos, 0.0), out.draws.owned, batch["label"],
         jnp.where(finite, table_lr(state.step), 0.0))
+    inputs = {}
+    if input_table is not None:  # the rows of the batch's features, as the class table's rows
+      inputs = dict(zip(("input_table", "input_table_state"), input_table.update(
+          state.input_table, state.input_table_state, batch, out.input_values, out.g_input,
+          input_table.lr(state.step), keep=finite)))
     new_state = state.replace(
         step=state.step + 1, params=jax.tree.map(keep_if_bad, params, state.params),
         opt_state=jax.tree.map(keep_if_bad, opt_state, state.opt_state), table=table,
         table_state=table_state, nonfinite_steps=state.nonfinite_steps + (~finite).astype(jnp.int32),
         first_nonfinite_step=jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step + 1,
-                                       state.first_nonfinite_step))
+                                       state.first_nonfinite_step), **inputs)
     return new_state, _step_metrics(batch["valid"], out.loss, out.per_example, out.pos, out.hardest,
                                     out.n_valid)
 
@@ -320,7 +367,7 @@ def limit_traces(fn: Callable, n: int) -> Callable:
   return counted
 
 
-def _all_finite(loss_value, g_rows, g_pos, params, opt_state):
+def _all_finite(loss_value, g_rows, g_pos, params, opt_state, g_input=None):
   """Whether the step's update is kept.
 
   A non-finite loss or gradient drops the whole update (the table gets a zero
@@ -331,9 +378,12 @@ def _all_finite(loss_value, g_rows, g_pos, params, opt_state):
   parameters and optimiser state (a NaN/inf gradient makes them non-finite):
   a reduction over the gradient itself changes how XLA fuses its computation,
   and with it the bits of valid runs. With finite values every where() on
-  `finite` selects the update: same bits as without the check.
+  `finite` selects the update: same bits as without the check. A sparse input
+  table is checked through what its row gradients are made of, the bag vectors'
+  gradient and the bag's input values (its new table would be an O(d hidden)
+  reduction); None adds nothing to check.
   """
-  return all_finite(loss_value, g_rows, g_pos, params, opt_state)
+  return all_finite(loss_value, g_rows, g_pos, params, opt_state, g_input)
 
 
 def _step_metrics(valid_mask, loss_value, per_ex, pos, hardest, n_valid) -> dict:
