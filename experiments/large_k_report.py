@@ -1,6 +1,7 @@
 r"""The large-K report: the papers' claims at K = 10^5 / 10^6, with verdicts.
 
-  python -m experiments.large_k_report --workdirs=/tmp/large_k_1e5,/tmp/large_k_1e6 --out=results/large_k
+  python -m experiments.large_k_report --workdirs=/tmp/large_k_1e5,/tmp/large_k_1e6 --out=results/large_k \
+      --probes=/tmp/large_k_probes   # the hyper-parameter probes (experiments/sweeps/large_k_probes.py)
 
 For each sweep folder (`experiments/sweeps/large_k.py:<size>`, run by `experiments.ablate`) it writes
 the generic sweep report into OUT/<size>/ (`experiments.report`: tables, ratios to negative sampling,
@@ -23,12 +24,14 @@ from absl import app, flags
 from etils import epath
 
 from experiments import report as sweep_report
-from experiments.sweeps import large_k
+from experiments.sweeps import large_k, large_k_probes
 from snm_jax.train import plots
 from snm_jax.train.workpath import workdir_path, write_text
 
 _WORKDIRS = flags.DEFINE_list("workdirs", None, "Sweep folders of large_k.py:<size> runs (or their "
                               "committed OUT/<size> copies).")
+_PROBES = flags.DEFINE_string("probes", None, "Folder of the large_k_probes.py runs (or its committed "
+                              "OUT/probes.json): the validation table that chose the shared settings.")
 # --out is experiments.report's flag (imported above): the output folder, here results/large_k by default.
 DEFAULT_OUT = "results/large_k"
 
@@ -319,6 +322,48 @@ def claims_section(sections: list[dict]) -> list[str]:
   return md
 
 
+def _chosen_mark(family: str, best: bool) -> str:
+  if not best:
+    return ""
+  return "**yes**" if family in large_k_probes.CHOOSING else "best of its family (a check, sets nothing)"
+
+
+def probes_section(root: epath.Path | None, saved: epath.Path) -> list[str]:
+  """The hyper-parameter probes (large_k_probes.py): each probe's validation R@5 by step, and the
+  family's choice. Reads root/<probe>/seed0/results.json (kept in `saved`), else `saved`."""
+  rows = {}
+  for name in large_k_probes.PROBES:
+    f = root / name / "seed0" / "results.json" if root is not None else None
+    if f is not None and f.exists():
+      rows[name] = [(h["step"], h["val/R@5"]) for h in json.loads(f.read_text())["history"]]
+  if rows:
+    write_text(saved, json.dumps(rows, indent=1))
+  elif saved.exists():
+    rows = {k: [tuple(x) for x in v] for k, v in json.loads(saved.read_text()).items()}
+  if not rows:
+    return []
+  best = {}
+  for name, curve in rows.items():
+    family = large_k_probes.PROBES[name][0]
+    if family not in best or max(v for _, v in curve) > max(v for _, v in rows[best[family]]):
+      best[family] = name
+  steps = sorted({s for curve in rows.values() for s, _ in curve})
+  md = ["## Shared settings, chosen on validation", "",
+        f"`experiments/sweeps/large_k_probes.py`: {large_k_probes.PROBE_STEPS} steps of the K = 10^5 problem, "
+        "seed 0, each probe judged by its best **validation** R@5 (the test split is not read to choose); "
+        f"the best of each of the families {', '.join(large_k_probes.CHOOSING)} sets that family's points in "
+        "`large_k.py` (negative sampling is in the snm family; its own probes check whether that choice "
+        "disadvantages it).", "",
+        "| probe | family | " + " | ".join(f"val R@5 @ {s}" for s in steps) + " | chosen |",
+        "|---|---|" + "---|" * len(steps) + "---|"]
+  for name, curve in rows.items():
+    family = large_k_probes.PROBES[name][0]
+    by_step = dict(curve)
+    md.append(f"| {name} | {family} | " + " | ".join(f"{by_step[s]:.4f}" if s in by_step else "" for s in steps)
+              + f" | {_chosen_mark(family, best[family] == name)} |")
+  return md + [""]
+
+
 def main(argv):
   del argv
   out = output_folder(DEFAULT_OUT)
@@ -336,8 +381,9 @@ def main(argv):
            "same calibrated time (`experiments/sweeps/large_k.py`, whose docstring says how), 3 seeds "
            "where done. Regenerate: `python -m experiments.large_k_report --workdirs=... --out=results/large_k`.",
            ""]
+  probes = probes_section(workdir_path(_PROBES.value) if _PROBES.value else None, out / "probes.json")
   path = out / "report.md"
-  write_text(path, "\n".join(intro + claims_section(sections) + body) + "\n")
+  write_text(path, "\n".join(intro + claims_section(sections) + probes + body) + "\n")
   print(f"wrote {path}")
 
 

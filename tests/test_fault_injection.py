@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.configs import default
 from snm_jax.train.loop import train_and_evaluate
+import run_configs
 
 pytestmark = pytest.mark.slow
 
@@ -110,11 +110,7 @@ def test_sigkill_at_random_moments_then_resume_is_bitwise_identical(reference, t
 
 
 def _config():
-  c = default.get_config("runlocal")
-  for key, value in OVERRIDES.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
+  return run_configs.runlocal(OVERRIDES)
 
 
 def _largest_data_file(step_dir: Path) -> Path:

@@ -111,3 +111,43 @@ def test_open_problems_verdict_rule():
   assert opr.verdict([-0.01, -0.02, -0.001]) == "hurts"
   assert opr.verdict(opr.paired(runs, "mixed", "base", "R@5")) == "no measurable difference"
   assert opr.verdict([0.1, 0.2]).startswith("not enough seeds")
+
+
+def _probe_result(root, name, curve):
+  d = root / name / "seed0"
+  d.mkdir(parents=True)
+  (d / "results.json").write_text(json.dumps({"history": [{"step": s, "val/R@5": v, "R@5": 9.0}
+                                                          for s, v in curve]}))
+
+
+def test_probes_section_picks_each_familys_best_validation_value(tmp_path):
+  from experiments.sweeps import large_k_probes  # pylint: disable=g-import-not-at-top
+  root = tmp_path / "probes"
+  _probe_result(root, "snm_s4", [(10, 0.30), (20, 0.35)])
+  _probe_result(root, "snm_s8", [(10, 0.34), (20, 0.33)])
+  _probe_result(root, "ssm_s10", [(10, 0.20), (20, 0.25)])
+  saved = tmp_path / "probes.json"
+  md = large_k_report.probes_section(root, saved)
+  rows = {line.split(" | ")[0][2:]: line for line in md if line.startswith("| snm") or line.startswith("| ssm")}
+  assert rows["snm_s4"].endswith("**yes** |") and not rows["snm_s8"].endswith("**yes** |")
+  assert rows["ssm_s10"].endswith("**yes** |")
+  assert "9.0" not in "\n".join(md)  # validation values only, never the test split's
+  assert large_k_report.probes_section(None, saved) == md  # regenerated from the saved copy
+  assert set(large_k_probes.PROBES) >= {"snm_s4", "snm_s8", "ssm_s10"}
+
+
+def test_sweep_scales_are_the_committed_validation_choice():
+  from experiments.sweeps import large_k_probes  # pylint: disable=g-import-not-at-top
+  saved = json.loads((large_k.REPO / "results" / "large_k" / "probes.json").read_text())
+  best = {}
+  for name, curve in saved.items():
+    family = large_k_probes.PROBES[name][0]
+    if family not in best or max(v for _, v in curve) > max(v for _, v in saved[best[family]]):
+      best[family] = name
+  scale = {f: large_k_probes.PROBES[best[f]][1]["loss.logit_scale"] for f in ("snm", "softmax")}
+  assert scale == {"snm": large_k.SNM_SCALE, "softmax": large_k.SOFTMAX_SCALE}
+  points = {p.name: p.overrides for p in load_sweep("experiments/sweeps/large_k.py:1e5").points}
+  base = large_k.base_overrides("1e5")
+  assert points["snm_k16"].get("loss.logit_scale", base["loss.logit_scale"]) == large_k.SNM_SCALE
+  assert points["ssm"]["loss.logit_scale"] == large_k.SOFTMAX_SCALE
+  assert not base["model.normalize_classes"] and base["table.init_scale"] == 0.01

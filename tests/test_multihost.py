@@ -24,9 +24,9 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.configs import default
 from snm_jax.train.checkpointing import Checkpointer, abstract_like
 from snm_jax.train.loop import train_and_evaluate
+import run_configs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -38,12 +38,7 @@ OVERRIDES = {"train.num_steps": 6, "train.log_every": 2, "train.eval_every": 0,
 
 
 def _config(mesh_shape):
-  c = default.get_config("runlocal")
-  c.mesh.shape = mesh_shape
-  for key, value in OVERRIDES.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
+  return run_configs.runlocal({"mesh.shape": mesh_shape, **OVERRIDES})
 
 
 def _launch(mesh_shape, workdir: Path) -> subprocess.Popen:

@@ -25,10 +25,9 @@ from etils import epath
 from etils.epath import testing as epath_testing
 from orbax.checkpoint._src.path import gcs_utils
 
-from experiments.configs import default
-from experiments.sweeps.spec import apply_overrides
 from snm_jax.train import host, workpath, writers
 from snm_jax.train.loop import train_and_evaluate
+import run_configs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,20 +80,9 @@ def fake_gcs(tmp_path, monkeypatch):
 
 
 def synthetic_config(**overrides):
-  c = default.get_config("runlocal")
-  c.dataset.name = "synthetic"
-  c.dataset.synthetic.num_labels = 64
-  c.dataset.synthetic.num_train = 600
-  c.dataset.synthetic.num_test = 100
-  c.dataset.synthetic.dim = 8
-  c.mesh.shape = (1, 1)
-  c.train.log_every = 5
-  c.train.eval_every = 0
-  c.train.checkpoint_every = 5
-  c.train.batch_size = 32
-  c.mining.num_samples = 16
-  c.eval.max_examples = 0
-  return apply_overrides(c, overrides)
+  return run_configs.synthetic(64, 600, 100, 8, {"train.log_every": 5, "train.checkpoint_every": 5,
+                                                 "train.batch_size": 32, "mining.num_samples": 16,
+                                                 **overrides})
 
 
 def _rows(text: str) -> list[dict]:

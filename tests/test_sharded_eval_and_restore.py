@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.configs import default
 from snm_jax import sharding
 from snm_jax.mining.retrieval import dense_top_k_reference, make_top_k_retrieval
 from snm_jax.train.checkpointing import Checkpointer
 from snm_jax.train.loop import train_and_evaluate
+import run_configs
 
 # Sharded vs 1-device runs differ only in float summation order (psums over the
 # model axis, the data-parallel gradient sum). Measured max |diff| of any state
@@ -198,18 +198,9 @@ STEPS = 8
 
 
 def _config(mesh_shape, **overrides):
-  c = default.get_config("runlocal")
-  c.mesh.shape = mesh_shape
-  c.train.num_steps = STEPS
-  c.train.log_every = 2
-  c.train.eval_every = 0
-  c.train.checkpoint_every = STEPS // 2
-  c.train.keep_checkpoints = 2
-  c.eval.max_examples = 128
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
+  return run_configs.runlocal({"mesh.shape": mesh_shape, "train.num_steps": STEPS, "train.log_every": 2,
+                               "train.eval_every": 0, "train.checkpoint_every": STEPS // 2,
+                               "train.keep_checkpoints": 2, "eval.max_examples": 128}, **overrides)
 
 
 def _losses(workdir):

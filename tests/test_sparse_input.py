@@ -24,6 +24,7 @@ from snm_jax.train.checkpointing import Checkpointer
 from snm_jax.train.input_table import InputTable, SparseTowerParams, input_table_rows, split_params
 from snm_jax.train.loop import train_and_evaluate
 from snm_jax.train.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
+import run_configs
 
 K, D, H, N, B, NNZ, V = 64, 100, 8, 16, 16, 4, 8
 D_PAD = input_table_rows(D, V)
@@ -238,20 +239,11 @@ def test_evaluation_tower_equals_the_dense_tower(mesh_shape):
 
 
 def _config(**overrides):
-  c = default.get_config("runlocal")
-  c.dataset.name = "synthetic"
-  c.dataset.synthetic.num_labels = 256
-  c.dataset.synthetic.num_train = 2000
-  c.dataset.synthetic.num_test = 256
-  c.dataset.synthetic.dim = 200
-  c.model.input_update = "sparse"
-  c.train.num_steps, c.train.checkpoint_every, c.train.eval_every = 8, 4, 0
-  c.train.log_every = 4
-  c.eval.max_examples = 128
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
+  return run_configs.runlocal(
+      {"dataset.name": "synthetic", "dataset.synthetic.num_labels": 256, "dataset.synthetic.num_train": 2000,
+       "dataset.synthetic.num_test": 256, "dataset.synthetic.dim": 200, "model.input_update": "sparse",
+       "train.num_steps": 8, "train.checkpoint_every": 4, "train.eval_every": 0, "train.log_every": 4,
+       "eval.max_examples": 128}, **overrides)
 
 
 @pytest.mark.parametrize("overrides,field,message", [

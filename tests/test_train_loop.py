@@ -11,27 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from experiments.configs import default
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train.loop import train_and_evaluate
-from experiments.sweeps.spec import apply_overrides
+import run_configs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def synthetic_config(**overrides):
-  c = default.get_config("runlocal")
-  c.dataset.name = "synthetic"
-  c.dataset.synthetic.num_labels = 256
-  c.dataset.synthetic.num_train = 3000
-  c.dataset.synthetic.num_test = 500
-  c.dataset.synthetic.dim = 16
-  c.mesh.shape = (1, 1)
-  c.train.log_every = 50
-  c.train.eval_every = 0
-  c.train.checkpoint_every = 0
-  c.eval.max_examples = 0
-  return apply_overrides(c, overrides)
+  return run_configs.synthetic(256, 3000, 500, 16, {"train.log_every": 50, **overrides})
 
 
 def test_training_beats_untrained_model_by_a_wide_margin(tmp_path):

@@ -1,0 +1,20 @@
+"""The small training runs the tests launch: `experiments/configs/default.py:runlocal` plus dotted overrides."""
+
+from experiments.configs import default
+from snm_jax.train.overrides import apply_overrides
+
+
+def runlocal(overrides=None, **more):
+  """default.py:runlocal with the dotted `overrides` and then `more` ({"section.field": value} each)."""
+  return apply_overrides(default.get_config("runlocal"),
+                         {**(overrides or {}), **more})
+
+
+def synthetic(num_labels: int, num_train: int, num_test: int, dim: int, overrides=None):
+  """A runlocal run on the synthetic generator, one device, no evaluation or checkpoints unless
+  `overrides` ask for them."""
+  base = {"dataset.name": "synthetic", "dataset.synthetic.num_labels": num_labels,
+          "dataset.synthetic.num_train": num_train, "dataset.synthetic.num_test": num_test,
+          "dataset.synthetic.dim": dim, "mesh.shape": (1, 1), "train.eval_every": 0,
+          "train.checkpoint_every": 0, "eval.max_examples": 0}
+  return runlocal({**base, **(overrides or {})})
