@@ -68,10 +68,8 @@ def test_concatenated_queries_score_the_sum_of_the_members_logits(mesh_shape):
 
 
 def test_members_need_equal_table_rows():
-  mesh = sharding.make_mesh((1, 1))
   a = Member(tower_apply=lambda p, x: x, params=None, table=jax.numpy.zeros((8, 2)))
   b = Member(tower_apply=lambda p, x: x, params=None, table=jax.numpy.zeros((16, 2)))
-  del mesh
   with pytest.raises(ValueError, match="rows"):
     make_ensemble([a, b])
 

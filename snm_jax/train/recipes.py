@@ -8,7 +8,12 @@ candidate per point of a small grid (`recipe.search`) in
 The candidate with the best validation `eval.select_metric` is the result:
 its results.json, plus a `recipe` record of the statistics, the derived
 fields and every candidate's validation value, is written to
-`workdir/results.json`. The test split is evaluated by every candidate but
+`workdir/results.json`. With `recipe.ensemble` M > 1, the ensembles of the
+top m = 1..M candidates by validation (the sum of their logits,
+`snm_jax/train/ensemble.py`) are scored on validation, the best m is kept
+(m = 1: the best candidate alone) and only its ensemble is scored on test;
+`recipe.ensemble` in results.json records the members, the validation value
+per m and the test metrics (also in workdir/ensemble.json, reused on a rerun). The test split is evaluated by every candidate but
 never read to choose. Finished candidates are reused and interrupted ones
 resume, so the recipe resumes like a single run.
 
@@ -178,6 +183,8 @@ def run(config, workdir) -> dict:
             "select_metric": config.eval.select_metric, "candidates": table, "chosen": best["name"],
             "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
   max_members = ensemble_size(config, len(table))
+  if max_members > 1 and config.recipe.refit:
+    raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit (recipe.refit=True)")
   if max_members > 1:
     ens = _ensemble_or_load(config, run_data, table, {n: _apply(config, f) for n, f in fields_of.items()},
                             workdir, max_members)
