@@ -186,6 +186,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.recipe.max_steps = 4000
   c.recipe.evaluations = 20       # Validation evaluations per run (train.eval_every=-1).
   c.recipe.refit = False          # Retrain the chosen candidate on the whole training file for its selected steps.
+  # Ensembles of the top-m candidates by validation, m = 1..ensemble, scored by the sum of their logits;
+  # m chosen on validation (snm_jax/train/ensemble.py). 1 = the best candidate alone, 0 = up to all.
+  c.recipe.ensemble = 1
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.

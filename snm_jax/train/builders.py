@@ -142,6 +142,11 @@ def _validate_recipe(config) -> None:
   _int("recipe.min_steps", r.min_steps, 1)
   _int("recipe.max_steps", r.max_steps, r.min_steps, note=" (recipe.min_steps)")
   _int("recipe.evaluations", r.evaluations, 1)
+  members = _field(r, "ensemble", 1)
+  _int("recipe.ensemble", members, 0, note=" (the most members; 0 = every candidate, 1 = no ensemble)")
+  if members != 1 and r.refit:
+    raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit on the whole "
+                      "training file (recipe.refit=True): set recipe.ensemble=1 or recipe.refit=False")
   if not config.dataset.validation_fraction > 0:
     raise ConfigError("dataset.validation_fraction", "a recipe chooses on a validation split: "
                       f"must be in (0, 1), got {config.dataset.validation_fraction!r}")

@@ -8,7 +8,12 @@ candidate per point of a small grid (`recipe.search`) in
 The candidate with the best validation `eval.select_metric` is the result:
 its results.json, plus a `recipe` record of the statistics, the derived
 fields and every candidate's validation value, is written to
-`workdir/results.json`. The test split is evaluated by every candidate but
+`workdir/results.json`. With `recipe.ensemble` M > 1, the ensembles of the
+top m = 1..M candidates by validation (the sum of their logits,
+`snm_jax/train/ensemble.py`) are scored on validation, the best m is kept
+(m = 1: the best candidate alone) and only its ensemble is scored on test;
+`recipe.ensemble` in results.json records the members, the validation value
+per m and the test metrics (also in workdir/ensemble.json, reused on a rerun). The test split is evaluated by every candidate but
 never read to choose. Finished candidates are reused and interrupted ones
 resume, so the recipe resumes like a single run.
 
@@ -25,7 +30,8 @@ from absl import logging
 
 from snm_jax.data.datasets import num_nonzero
 from snm_jax.errors import ConfigError
-from snm_jax.train import loop, reuse
+from snm_jax import sharding
+from snm_jax.train import ensemble, loop, reuse
 from snm_jax.train.host import is_writer
 # AUTO, the placeholder test and the `recipe.search` parser live with the overrides (builders validates
 # recipe.search with them); parse_search is re-exported here.
@@ -176,6 +182,15 @@ def run(config, workdir) -> dict:
   record = {"name": config.recipe.name, "stats": dataclasses.asdict(stats), "derived": derived,
             "select_metric": config.eval.select_metric, "candidates": table, "chosen": best["name"],
             "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
+  max_members = ensemble_size(config, len(table))
+  if max_members > 1 and config.recipe.refit:
+    raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit (recipe.refit=True)")
+  if max_members > 1:
+    ens = _ensemble_or_load(config, run_data, table, {n: _apply(config, f) for n, f in fields_of.items()},
+                            workdir, max_members)
+    record["ensemble"] = ens
+    if ens["m"] > 1:  # else the best candidate alone, its results as they are
+      chosen = {**chosen, "final": ens["test"]}
   if config.recipe.refit:
     # The chosen settings retrained on the whole training file (validation part included) for the
     # selected number of steps, the schedule ending there (scikit-learn's GridSearchCV(refit=True)).
@@ -190,6 +205,81 @@ def run(config, workdir) -> dict:
   if is_writer():
     write_text(workdir / "results.json", json.dumps(chosen, indent=2, sort_keys=True))
   return chosen
+
+
+def ensemble_size(config, num_candidates: int) -> int:
+  """The most members an ensemble may have: `recipe.ensemble` (0: every candidate), at most the
+  number of candidates. 1: no ensemble."""
+  m = int(config.recipe.get("ensemble", 1))
+  return num_candidates if m == 0 else min(m, num_candidates)
+
+
+def ensemble_order(table: list[dict]) -> list[str]:
+  """Candidate names by validation value, best first (ties: the earlier candidate, as for `chosen`)."""
+  order = sorted(range(len(table)), key=lambda i: (-table[i]["validation"], i))
+  return [table[i]["name"] for i in order]
+
+
+def choose_ensemble(config, run_data, table: list[dict], configs: dict, workdir, max_members: int,
+                    evaluate_fn=None) -> dict:
+  """The ensemble of the top-m candidates by validation (m = 1..max_members) with the best
+  validation `eval.select_metric` (ties: the smaller m); only it is scored on test.
+
+  The ensemble's score is the sum of its members' logits (`snm_jax.train.ensemble`), each
+  member at its selected checkpoint. `evaluate_fn(names, split) -> metrics` replaces the real
+  evaluation (tests). Returns the record written to results.json["recipe"]["ensemble"]."""
+  order = ensemble_order(table)[:max_members]
+  select = config.eval.select_metric
+  if evaluate_fn is None:
+    evaluate_fn = _ensemble_evaluator(run_data, configs, workdir)
+  validation = []
+  for m in range(1, max_members + 1):
+    metrics = evaluate_fn(order[:m], "validation")
+    validation.append({"m": m, "value": metrics[select],
+                       "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)}})
+  best = max(validation, key=lambda v: (v["value"], -v["m"]))
+  record = {"max_members": max_members, "order": order, "select_metric": select,
+            "validation": validation, "m": best["m"], "members": order[:best["m"]]}
+  if best["m"] > 1:
+    record["test"] = evaluate_fn(record["members"], "test")
+  return record
+
+
+def _ensemble_evaluator(run_data, configs: dict, workdir):
+  """`evaluate(names, split)` of the ensemble of the named candidates, each restored once."""
+  loaded = {}
+
+  def evaluate(names, split):
+    first = configs[names[0]]
+    mesh = sharding.make_mesh(first.mesh.shape)
+    for n in names:
+      if n not in loaded:
+        loaded[n] = ensemble.load_member(configs[n], workdir / "candidates" / n, mesh,
+                                         run_data.num_features)
+    batching = loaded[names[0]][1]
+    return ensemble.make_ensemble_evaluate(first, run_data, split, [loaded[n][0] for n in names],
+                                           batching, mesh)()
+
+  return evaluate
+
+
+def _ensemble_or_load(config, run_data, table, configs, workdir, max_members) -> dict:
+  """`choose_ensemble`, or its record in workdir/ensemble.json when it was made for the same
+  candidates (same validation order) and recipe.ensemble."""
+  path = workdir / "ensemble.json"
+  order = ensemble_order(table)[:max_members]
+  if path.exists():
+    saved = json.loads(path.read_text())
+    if (saved.get("order") == order and saved.get("max_members") == max_members
+        and saved.get("select_metric") == config.eval.select_metric):
+      logging.info("[ensemble] reusing %s", path)
+      return saved
+  record = choose_ensemble(config, run_data, table, configs, workdir, max_members)
+  logging.info("[ensemble] validation %s per m = 1..%d: %s; chosen m = %d", config.eval.select_metric,
+               max_members, [round(v["value"], 4) for v in record["validation"]], record["m"])
+  if is_writer():
+    write_text(path, json.dumps(record, indent=2, sort_keys=True))
+  return record
 
 
 def _run_or_load(config, workdir) -> dict:
