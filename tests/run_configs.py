@@ -1,6 +1,6 @@
 """The small training runs the tests launch: `experiments/configs/default.py:runlocal` plus dotted overrides."""
 
-from experiments.configs import default
+from experiments.configs import default, xmc
 from snm_jax.train.overrides import apply_overrides
 
 
@@ -18,3 +18,13 @@ def synthetic(num_labels: int, num_train: int, num_test: int, dim: int, override
           "dataset.synthetic.dim": dim, "mesh.shape": (1, 1), "train.eval_every": 0,
           "train.checkpoint_every": 0, "eval.max_examples": 0}
   return runlocal({**base, **(overrides or {})})
+
+
+def tiny_synthetic_recipe(num_train=800, num_test=100, **fields):
+  """The xmc recipe (runlocal) on a 64-label synthetic problem, with `fields` ({"recipe.search": ...})."""
+  c = xmc.get_config("synthetic,runlocal")
+  c.unlock()
+  apply_overrides(c, {"dataset.synthetic.num_labels": 64, "dataset.synthetic.num_train": num_train,
+                      "dataset.synthetic.num_test": num_test, "dataset.synthetic.dim": 16, **fields})
+  c.lock()
+  return c

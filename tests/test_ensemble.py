@@ -13,7 +13,7 @@ from snm_jax.errors import ConfigError
 from snm_jax.mining.retrieval import make_top_k_retrieval
 from snm_jax.train import builders, recipes
 from snm_jax.train.ensemble import Member, make_ensemble
-from tests.test_recipes import tiny_synthetic_recipe
+from run_configs import tiny_synthetic_recipe
 
 NUM_LABELS, K_PAD, D, N = 203, 208, 9, 16   # K not a multiple of the row block or shard count
 

@@ -8,21 +8,7 @@ from experiments.configs import xmc
 from snm_jax.errors import ConfigError
 from snm_jax.train import recipes
 from snm_jax.train.recipes import DataStats
-
-
-def tiny_synthetic_recipe(num_train=800, num_test=100, **fields):
-  """The xmc recipe (runlocal) on a 64-label synthetic problem, with `fields` ({"recipe.search": ...})."""
-  c = xmc.get_config("synthetic,runlocal")
-  c.unlock()
-  c.dataset.synthetic.num_labels = 64
-  c.dataset.synthetic.num_train = num_train
-  c.dataset.synthetic.num_test = num_test
-  c.dataset.synthetic.dim = 16
-  for field, value in fields.items():
-    section, name = field.split(".")
-    c[section][name] = value
-  c.lock()
-  return c
+from run_configs import tiny_synthetic_recipe
 
 
 def stats(**kw):
