@@ -1,6 +1,7 @@
 """The xmc recipe: settings derived from data statistics, candidates chosen on validation only."""
 
 import json
+from unittest import mock
 
 import pytest
 
@@ -96,11 +97,15 @@ def test_recipe_needs_a_validation_split(tmp_path):
 
 
 def test_the_shipped_auto_search_runs_both_models(tmp_path):
-  # What xmc.py ships: linear and wide_deep x learning rate {0.5, 1, 2}.
+  # What xmc.py ships: linear and wide_deep x learning rate {0.5, 1, 2}, and the one-vs-rest linear
+  # candidate (K = 64), which trains with its squared-hinge BOWL over every label.
   c = tiny_synthetic_recipe(**{"recipe.search": "auto", "recipe.min_steps": 10, "recipe.max_steps": 10})
   res = recipes.run(c, tmp_path)
   names = [t["name"] for t in res["recipe"]["candidates"]]
-  assert len(names) == 6 and sum("wide_deep" in n for n in names) == 3
+  assert len(names) == 7 and sum("wide_deep" in n for n in names) == 3 and names[-1] == "ovr"
+  ovr = json.loads((tmp_path / "candidates" / "ovr" / "config.json").read_text())
+  assert (ovr["loss"]["kind"], ovr["loss"]["phi"], ovr["mining"]["sampler"]) == ("bowl", "squared_hinge", "full")
+  assert ovr["mining"]["num_samples"] == 64 and ovr["model"]["kind"] == "linear"
   assert res["recipe"]["derived"]["model.bag_matmul"] == "dense"
 
 
@@ -114,3 +119,115 @@ def test_refit_retrains_the_chosen_candidate_on_the_whole_training_file(tmp_path
   assert res["recipe"]["refit"]["candidate_final"] == cand["final"]
   assert res["final"] == json.loads((tmp_path / "refit" / "results.json").read_text())["final"]
   assert json.loads((tmp_path / "results.json").read_text())["final"] == res["final"]
+
+
+BIBTEX_LIKE = dict(num_train=3953, num_features=1836, num_labels=159, labels_per_point=2.38,
+                   nnz_per_point=69.1)
+
+
+def test_one_vs_rest_candidates_join_the_auto_search_for_small_k():
+  c = xmc.get_config("bibtex")
+  st = stats(**BIBTEX_LIKE)
+  points = recipes.candidate_list(c, st, recipes.derive(c, st))
+  names = [n for n, _, _ in points]
+  assert names[:6] == [f"kind_{m}-learning_rate_x{x}" for m in ("linear", "wide_deep") for x in (0.5, 1, 2)]
+  assert names[6:] == ["ovr"]
+  for (_, _, soft), x in zip(points[:3], (0.5, 1, 2)):
+    assert soft["loss.kind"] == "full_softmax" and "mining.k" not in soft
+    assert soft["table.learning_rate"] == pytest.approx(0.16 * 256 * x)
+  _, over, f = points[6]
+  assert over == {k: f[k] for k in over}  # the record names every loss field it sets
+  assert (f["loss.kind"], f["loss.phi"], f["mining.sampler"]) == ("bowl", "squared_hinge", "full")
+  assert (f["mining.vartheta"], f["mining.vartheta_norm"]) == ("negative_sampling", "expectation")
+  assert f["mining.k"] == 2 and f["mining.num_samples"] == 160  # round(2.38); K up to the 8 strata
+  assert f["model.kind"] == "linear" and f["loss.logit_scale"] == 1.0
+  assert f["table.learning_rate"] == pytest.approx(5.12)  # not scaled with the batch
+  # A grid of its own is named per point.
+  with mock.patch.object(recipes, "OVR_SEARCH", "table.learning_rate*=0.5,1"):
+    ovr = recipes.candidate_list(c, st, recipes.derive(c, st))[6:]
+  assert [n for n, _, _ in ovr] == ["ovr-learning_rate_x0.5", "ovr-learning_rate_x1"]
+  assert ovr[0][2]["table.learning_rate"] == pytest.approx(2.56)
+  # Delicious-like: k = round(19.06).
+  st = stats(labels_per_point=19.06)
+  ovr = recipes.ovr_settings(c, st, recipes.derive(c, st))
+  assert ovr["mining.k"] == 19 and ovr["table.learning_rate"] == pytest.approx(5.12)
+
+
+@pytest.mark.parametrize("case", ["large_k", "explicit_loss", "explicit_search", "snm_tower"])
+def test_no_one_vs_rest_candidates_outside_their_range(case):
+  c = xmc.get_config("bibtex")
+  st = stats(**BIBTEX_LIKE)
+  c.unlock()
+  if case == "large_k":  # beyond exact scoring of every label (and the linear table)
+    st = stats(num_labels=670_091, num_features=135_909, num_train=490_449)
+  elif case == "explicit_loss":
+    c.loss.kind = "full_softmax"
+    c.mining.sampler = "full"
+  elif case == "explicit_search":
+    c.recipe.search = "table.learning_rate*=1"
+  else:
+    c.model.kind = "snm_tower"
+  c.lock()
+  derived = recipes.derive(c, st)
+  assert recipes.ovr_settings(c, st, derived) is None
+  assert not any(n.startswith("ovr-") for n, _, _ in recipes.candidate_list(c, st, derived))
+
+
+def test_one_vs_rest_candidate_builds_the_squared_hinge_ovr_loss():
+  """The candidate's config builds BOWL with a constant vartheta = (K-1)/(k B): against a NumPy
+  one-vs-rest reference sq_hinge(v_y) + (K-1)/(k B) sum_{j not in Y} sq_hinge(-v_j)."""
+  import numpy as np
+  from snm_jax.losses import registry
+  from snm_jax.train import builders
+  from snm_jax.train.overrides import with_overrides
+
+  c = xmc.get_config("bibtex")
+  st = stats(**BIBTEX_LIKE)
+  fields = dict(recipes.candidate_list(c, st, recipes.derive(c, st))[6][2])
+  cand = with_overrides(c, {**fields, "recipe.name": ""})
+  builders.validate(cand, num_labels=st.num_labels)
+  spec = builders.make_loss_spec(cand, st.num_labels)
+  num_k, b, k = st.num_labels, fields["mining.num_samples"], fields["mining.k"]
+  assert spec.head_minus_tail == () and spec.tail == pytest.approx((num_k - 1) / (k * b))
+  rng = np.random.default_rng(0)
+  n = 4
+  scores = rng.normal(size=(n, b)).astype(np.float32) * 1.5
+  label_sets = [rng.choice(num_k, size=m, replace=False) for m in (1, 2, 3, 5)]
+  pos = np.array([scores[i, s[0]] for i, s in enumerate(label_sets)], np.float32)
+  valid = np.broadcast_to(np.arange(b) < num_k, (n, b)).copy()  # the padding labels are no negatives
+  for i, s in enumerate(label_sets):
+    valid[i, s] = False
+  loss, _ = registry.get_loss("bowl")(pos, scores, valid, np.zeros_like(scores), np.zeros(n), spec=spec,
+                                      num_samples=b, axis_name=None, score_at=None)
+  sq = lambda u: np.maximum(1.0 - u, 0.0) ** 2
+  want = sq(pos) + (num_k - 1) / (k * b) * np.where(valid, sq(-scores), 0.0).sum(-1)
+  np.testing.assert_allclose(np.asarray(loss), want, rtol=1e-5)
+
+
+def test_a_diverged_candidate_is_left_out_not_fatal(tmp_path):
+  # The one-vs-rest loss (squared hinge over every label) at a step far past stable diverges.
+  ovr = {**recipes.OVR_LOSS_SETTINGS, "mining.k": 1, "mining.num_samples": 64,
+         "recipe.search": "table.learning_rate*=0.01,1e5", "recipe.ensemble": 2}
+  c = tiny_synthetic_recipe(**ovr)
+  res = recipes.run(c, tmp_path)
+  assert [t["name"] for t in res["recipe"]["candidates"]] == ["learning_rate_x0.01"]
+  assert [d["name"] for d in res["recipe"]["diverged"]] == ["learning_rate_x100000.0"]
+  assert "non-finite" in res["recipe"]["diverged"][0]["error"]
+  assert res["recipe"]["chosen"] == "learning_rate_x0.01" and "ensemble" not in res["recipe"]
+  assert (tmp_path / "candidates" / "learning_rate_x100000.0" / "diverged.json").exists()
+  again = recipes.run(c, tmp_path)  # read back, not retrained
+  assert again["recipe"]["diverged"] == res["recipe"]["diverged"] and again["final"] == res["final"]
+
+
+def test_the_full_sampler_takes_the_ordered_weighted_losses_only_besides_full_softmax():
+  from snm_jax.train import builders
+  from snm_jax.train.overrides import with_overrides
+  c = xmc.get_config("bibtex")
+  st = stats(**BIBTEX_LIKE)
+  fields = dict(recipes.candidate_list(c, st, recipes.derive(c, st))[6][2])
+  for kind in ("sampled_softmax", "logistic_ns", "nce"):
+    bad = with_overrides(c, {**fields, "recipe.name": "", "loss.kind": kind})
+    with pytest.raises(ConfigError, match="mining.sampler.*full_softmax, bowl or powl"):
+      builders.validate(bad, num_labels=st.num_labels)
+  builders.validate(with_overrides(c, {**fields, "recipe.name": "", "loss.kind": "powl"}),
+                    num_labels=st.num_labels)

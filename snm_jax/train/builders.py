@@ -291,8 +291,11 @@ def validate(config, num_labels: int | None = None) -> None:
       raise ConfigError("mining.k", f"k={mi.k!r} must be in [1, mining.num_samples={b}]")
   if given("mining.sampler", "loss.kind"):
     if mi.sampler == "full":
-      if lo.kind != "full_softmax":
-        raise ConfigError("mining.sampler", "'full' scores every label; use it with loss.kind=full_softmax")
+      # Every label once: the exact softmax, or an ordered weighted loss over all K-1 negatives (its
+      # log q is unused; with a constant vartheta, one-vs-rest).
+      if lo.kind not in ("full_softmax", "bowl", "powl"):
+        raise ConfigError("mining.sampler", "'full' scores every label; use it with loss.kind="
+                          "full_softmax, bowl or powl")
     elif lo.kind == "full_softmax":
       raise ConfigError("loss.kind", "full_softmax needs mining.sampler='full'")
     if lo.kind == "adversarial_ns" and mi.sampler != "tree":

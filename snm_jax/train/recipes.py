@@ -4,7 +4,10 @@ A recipe config (`recipe.name`, e.g. experiments/configs/xmc.py) leaves some
 fields at "auto" (strings) or -1 (numbers). `run` reads the dataset once,
 fills those fields from its statistics (`DataStats`), and trains one
 candidate per point of a small grid (`recipe.search`) in
-`workdir/candidates/<name>/`, each with validation-based checkpoint selection.
+`workdir/candidates/<name>/`, each with validation-based checkpoint selection;
+the "auto" search adds a one-vs-rest candidate ("ovr", `ovr_settings`) while
+every label can be scored exactly. A candidate whose loss turns non-finite is
+left out of the choice (`recipe.diverged`), not fatal.
 The candidate with the best validation `eval.select_metric` is the result:
 its results.json, plus a `recipe` record of the statistics, the derived
 fields and every candidate's validation value, is written to
@@ -29,7 +32,7 @@ import numpy as np
 from absl import logging
 
 from snm_jax.data.datasets import num_nonzero
-from snm_jax.errors import ConfigError
+from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax import sharding
 from snm_jax.train import ensemble, loop, reuse
 from snm_jax.train.host import is_writer
@@ -76,6 +79,31 @@ KIND_SETTINGS = {
     "wide_deep": {"model.hidden": 256, "model.out": 128, "model.dropout": 0.3, "loss.logit_scale": 1.0},
     "snm_tower": {"model.hidden": 1024, "model.out": 512, "model.dropout": 0.5, "loss.logit_scale": 20.0},
 }
+
+
+# One-vs-rest candidates (issue 14): the linear model trained with a per-label binary loss over every
+# label, i.e. BOWL (Reddi et al. 2019, Sec. 3: phi(v_y) + sum_j theta_j phi(-v_j)) with a constant
+# theta (Lee et al.'s binary loss) and the squared hinge, scored exactly over all K (the full sampler)
+# -- the squared-hinge one-vs-rest of LinearSVC, through the library's own loss layer. With
+# vartheta = negative_sampling and the "expectation" norm every negative weighs (K-1)/(k B) ~ 1/k
+# (B = K_pad draws); k = the mean number of labels per point (rounded) balances a point's one sampled
+# positive (weight 1, i.e. 1/|Y| per positive label on average) against each negative as
+# LinearSVC's per-label sum does (weight 1 each): the point's loss is ~ (1/|Y|) x its OvR loss.
+OVR_LOSS_SETTINGS = {"loss.kind": "bowl", "loss.phi": "squared_hinge", "mining.sampler": "full",
+                     "mining.vartheta": "negative_sampling", "mining.vartheta_norm": "expectation"}
+# The table's learning rate, NOT scaled with the batch size as the softmax's is: the squared hinge's
+# curvature does not saturate (the softmax's is <= 1/4), and SGD on a mean loss is stable below
+# 2 / (the mean loss's largest curvature), which the batch size does not change. Measured: 10.24
+# diverged on Bibtex with batches of 256 (the 90/10 carve of the training file) and of 512 (the real
+# training file; the recipe left it out), and 81.92 on Delicious; 5.12 was stable on both (Bibtex
+# with k = 1 too). Validation nDCG@5 on the carves: of {1.28, 2.56, 5.12}, 5.12 was the best on
+# Bibtex seeds 0, 1 and tied on seed 2; on Delicious 10.24 and 20.48 were slightly better (57.98,
+# 57.76 and 58.03 against 57.58, 57.50), not enough to reach the top 3 candidates either way.
+OVR_TABLE_LEARNING_RATE = 5.12
+# Their grid (`recipe.search` syntax; "": one candidate). A learning-rate grid x {0.25, 0.5, 1} added
+# nothing on the carves (its other points never entered the top 3 candidates), only time.
+OVR_SEARCH = ""
+OVR_NAME = "ovr"
 
 
 def fits_linear_table(stats: DataStats, width: int = 0) -> bool:
@@ -134,6 +162,47 @@ def search_spec(config, stats: DataStats) -> str:
   return spec
 
 
+def ovr_settings(config, stats: DataStats, derived: dict) -> dict | None:
+  """The fields of the one-vs-rest candidates (OVR_LOSS_SETTINGS, mining.k, and the table learning
+  rate when it is derived), or None when the recipe has none: only with `recipe.search` and
+  `loss.kind` left at "auto", K <= MAX_FULL_SOFTMAX_LABELS (every label scored exactly) and the
+  linear model (model.kind auto with a table that fits, or linear)."""
+  if config.recipe.search != AUTO or not _is_auto(config.loss.kind):
+    return None
+  if stats.num_labels > MAX_FULL_SOFTMAX_LABELS or derived.get("model.kind", config.model.kind) != "linear":
+    return None
+  k = max(int(round(stats.labels_per_point)), 1)
+  out = {**OVR_LOSS_SETTINGS, "mining.k": k,
+         "mining.num_samples": (-(-stats.num_labels // config.mining.num_strata)
+                                * config.mining.num_strata)}
+  if _is_auto(config.table.learning_rate):
+    out["table.learning_rate"] = OVR_TABLE_LEARNING_RATE
+  return out
+
+
+def candidate_list(config, stats: DataStats, derived: dict) -> list[tuple[str, dict, dict]]:
+  """Every candidate as (name, its grid point's overrides, every field it sets): the points of
+  `search_spec`, then those of OVR_SEARCH with `ovr_settings` (named "ovr", or "ovr-<point>" for a
+  grid), when it applies.
+  Raises ConfigError for a search field the config does not have."""
+  resolved = {**{f: config[f.split(".")[0]][f.split(".")[1]] for f in _fields(config)}, **derived}
+  out = []
+  groups = [(parse_search(search_spec(config, stats)), {}, "")]
+  ovr = ovr_settings(config, stats, derived)
+  if ovr is not None:
+    groups.append((parse_search(OVR_SEARCH), ovr, OVR_NAME))
+  for grid, extra, group in groups:
+    for field in grid:
+      if field not in resolved:
+        raise ConfigError("recipe.search", f"unknown field {field!r}")
+    for name, over in candidates({**resolved, **extra}, grid):
+      kind = over.get("model.kind", derived.get("model.kind", config.model.kind))
+      name = "-".join(filter(None, (group, name)))
+      out.append((name, {**extra, **over},
+                  {**derived, **kind_settings(config, kind), **extra, **over}))
+  return out
+
+
 def candidates(base: dict, grid: dict) -> list[tuple[str, dict]]:
   """Every point of the grid as (name, overrides), overrides applied on top of `base`."""
   points = [("", {})]
@@ -161,27 +230,27 @@ def run(config, workdir) -> dict:
   run_data = load_run_data(config)
   stats = DataStats.of(run_data)
   derived = derive(config, stats)
-  resolved = {**{f: config[f.split(".")[0]][f.split(".")[1]] for f in _fields(config)}, **derived}
-  grid = parse_search(search_spec(config, stats))
-  for field in grid:
-    if field not in resolved:
-      raise ConfigError("recipe.search", f"unknown field {field!r}")
+  points = candidate_list(config, stats, derived)
   logging.info("recipe %s on %s: %s; derived %s", config.recipe.name, run_data.source, stats, derived)
-  table, fields_of = [], {}
-  for name, over in candidates(resolved, grid):
-    fields = {**derived, **kind_settings(config, over.get("model.kind", derived.get("model.kind",
-                                                                              config.model.kind))),
-              **over}
-    fields_of[name] = fields
+  table, fields_of, diverged = [], {}, []
+  for name, over, fields in points:
     res = _run_or_load(_apply(config, fields), workdir / "candidates" / name)
+    if "diverged" in res:  # no state to choose: left out of the choice and the ensembles
+      diverged.append({"name": name, "overrides": over, "error": res["diverged"]})
+      continue
+    fields_of[name] = fields
     table.append({"name": name, "overrides": over, "selected_step": res["selected"]["step"],
                   "validation": res["selected"]["value"], "steps": res["steps"],
                   "train_seconds": res["train_seconds"]})
+  if not table:
+    raise NonFiniteLossError(f"every recipe candidate diverged: {diverged}")
   best = table[max(range(len(table)), key=lambda i: (table[i]["validation"], -i))]
   chosen = json.loads((workdir / "candidates" / best["name"] / "results.json").read_text())
   record = {"name": config.recipe.name, "stats": dataclasses.asdict(stats), "derived": derived,
             "select_metric": config.eval.select_metric, "candidates": table, "chosen": best["name"],
             "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
+  if diverged:
+    record["diverged"] = diverged
   max_members = ensemble_size(config, len(table))
   if max_members > 1 and config.recipe.refit:
     raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit (recipe.refit=True)")
@@ -283,9 +352,24 @@ def _ensemble_or_load(config, run_data, table, configs, workdir, max_members) ->
 
 
 def _run_or_load(config, workdir) -> dict:
-  """One candidate (a plain run), reused when it finished earlier (`reuse.run_or_load`)."""
-  return reuse.run_or_load(workdir, lambda: loop.train_and_evaluate(config, workdir),
-                           f"candidate {workdir.name}", log=logging.info)
+  """One candidate (a plain run), reused when it finished earlier (`reuse.run_or_load`).
+
+  A candidate whose loss turns non-finite (`train.on_nonfinite`: a step size too large for its
+  loss, e.g. the largest of a learning-rate grid) returns {"diverged": message} and leaves
+  workdir/diverged.json, read back on a rerun, instead of stopping the recipe."""
+  marker = workdir / "diverged.json"
+  if marker.exists():
+    logging.info("[candidate %s] diverged earlier (%s)", workdir.name, marker)
+    return json.loads(marker.read_text())
+  try:
+    return reuse.run_or_load(workdir, lambda: loop.train_and_evaluate(config, workdir),
+                             f"candidate {workdir.name}", log=logging.info)
+  except NonFiniteLossError as e:
+    logging.warning("[candidate %s] diverged, left out: %s", workdir.name, e)
+    out = {"diverged": str(e)}
+    if is_writer():
+      write_text(marker, json.dumps(out))
+    return out
 
 
 def _fields(config):
