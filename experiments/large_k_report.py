@@ -352,8 +352,8 @@ def probes_section(root: epath.Path | None, saved: epath.Path) -> list[str]:
         f"`experiments/sweeps/large_k_probes.py`: {large_k_probes.PROBE_STEPS} steps of the K = 10^5 problem, "
         "seed 0, each probe judged by its best **validation** R@5 (the test split is not read to choose); "
         f"the best of each of the families {', '.join(large_k_probes.CHOOSING)} sets that family's points in "
-        "`large_k.py` (negative sampling is in the snm family; its own probes check whether that choice "
-        "disadvantages it).", "",
+        "`large_k.py` (snm: the SNM top-k points, chosen on top-16; ns: negative sampling, the baseline, "
+        "tuned on its own).", "",
         "| probe | family | " + " | ".join(f"val R@5 @ {s}" for s in steps) + " | chosen |",
         "|---|---|" + "---|" * len(steps) + "---|"]
   for name, curve in rows.items():

@@ -131,6 +131,7 @@ def test_probes_section_picks_each_familys_best_validation_value(tmp_path):
   rows = {line.split(" | ")[0][2:]: line for line in md if line.startswith("| snm") or line.startswith("| ssm")}
   assert rows["snm_s4"].endswith("**yes** |") and not rows["snm_s8"].endswith("**yes** |")
   assert rows["ssm_s10"].endswith("**yes** |")
+  assert set(large_k_probes.CHOOSING) == {"snm", "softmax", "ns"}
   assert "9.0" not in "\n".join(md)  # validation values only, never the test split's
   assert large_k_report.probes_section(None, saved) == md  # regenerated from the saved copy
   assert set(large_k_probes.PROBES) >= {"snm_s4", "snm_s8", "ssm_s10"}
@@ -144,10 +145,11 @@ def test_sweep_scales_are_the_committed_validation_choice():
     family = large_k_probes.PROBES[name][0]
     if family not in best or max(v for _, v in curve) > max(v for _, v in saved[best[family]]):
       best[family] = name
-  scale = {f: large_k_probes.PROBES[best[f]][1]["loss.logit_scale"] for f in ("snm", "softmax")}
-  assert scale == {"snm": large_k.SNM_SCALE, "softmax": large_k.SOFTMAX_SCALE}
+  scale = {f: large_k_probes.PROBES[best[f]][1]["loss.logit_scale"] for f in large_k_probes.CHOOSING}
+  assert scale == {"snm": large_k.SNM_SCALE, "softmax": large_k.SOFTMAX_SCALE, "ns": large_k.NS_SCALE}
   points = {p.name: p.overrides for p in load_sweep("experiments/sweeps/large_k.py:1e5").points}
   base = large_k.base_overrides("1e5")
   assert points["snm_k16"].get("loss.logit_scale", base["loss.logit_scale"]) == large_k.SNM_SCALE
   assert points["ssm"]["loss.logit_scale"] == large_k.SOFTMAX_SCALE
+  assert points["ns"]["loss.logit_scale"] == points["b1024_ns"]["loss.logit_scale"] == large_k.NS_SCALE
   assert not base["model.normalize_classes"] and base["table.init_scale"] == 0.01
