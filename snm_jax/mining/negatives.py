@@ -31,6 +31,8 @@ Layouts (N examples, S draws, M model shards, h embedding width):
                        elsewhere). Any sampler with a `draw(key, batch)` method
                        (it reads what it needs of the batch: features, labels,
                        label sets, example ids).
+Gathered rows are float32 whatever the table's storage dtype (a bfloat16 table, config
+table.dtype, is upcast row by row as it is gathered: exact).
 `for_sampler` picks the layout of a sampler. A new sampler implements its
 draws and, only if no layout fits, one new class here.
 """
@@ -79,7 +81,7 @@ def _positive_rows(table_l, labels_l):
   j = jax.lax.axis_index(MODEL)
   k_loc = table_l.shape[0]
   owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
-  pos_rows = jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip")
+  pos_rows = jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip").astype(jnp.float32)
   return jnp.where(owned[:, None], pos_rows, 0.0), owned
 
 
@@ -139,7 +141,7 @@ class _StratifiedNegatives:
     ids, log_q = self.sampler.sample_strata(key, strata, example_ids_l, cdf)
     # In range by construction (a shard draws from its own rows), hence "clip":
     # it skips the out-of-range masking of the default mode.
-    rows = jnp.take(table_l, ids - j * k_loc, axis=0, mode="clip")
+    rows = jnp.take(table_l, ids - j * k_loc, axis=0, mode="clip").astype(jnp.float32)
     pos_rows, owned = _positive_rows(table_l, labels_l)
     return ids, log_q, rows, pos_rows[None], owned[None]
 
@@ -214,7 +216,7 @@ class GlobalNegatives:
     k_loc = table_l.shape[0]
     local = ids_l - j * k_loc
     mine = (local >= 0) & (local < k_loc)
-    rows = jnp.where(mine[..., None], jnp.take(table_l, local, axis=0, mode="clip"), 0.0)
+    rows = jnp.where(mine[..., None], jnp.take(table_l, local, axis=0, mode="clip").astype(jnp.float32), 0.0)
     pos_rows, owned = _positive_rows(table_l, labels_l)
     return rows[None], pos_rows[None], owned[None]
 

@@ -128,7 +128,7 @@ class Evaluator:
     @jax.jit
     def label_scores(q, table, labels, extra):
       """Score (with the bias, if any) of one given label per query: (n,)."""
-      rows = jnp.take(table, jnp.maximum(labels, 0), axis=0)
+      rows = jnp.take(table, jnp.maximum(labels, 0), axis=0).astype(q.dtype)  # a bf16 table: upcast
       rows = l2_normalize(rows) if normalize_classes else rows
       s = jnp.sum(q * rows, axis=-1)
       if bias_fn is not None:
