@@ -39,6 +39,7 @@ K, D, H, N, B, NNZ, V = 64, 100, 16, 16, 16, 6, 8
 SCALE = 8.0  # loss.logit_scale of the small configs
 U = 2.0 ** -8  # the relative error of a product of two bfloat16-rounded factors (docstring)
 BF16 = jnp.bfloat16
+U16 = jnp.uint16  # a bfloat16 table's storage: its bit patterns (snm_jax/models/precision.py)
 
 
 def _batch(seed=0, dense=False):
@@ -145,7 +146,8 @@ def _table_step(mesh_shape, table_dtype, row_opt="momentum", rounding="nearest",
   tx = optax.sgd(0.1)
   ropt = row_optimizers.get_row_optimizer(row_opt)
   rows = lambda x: jax.device_put(x, sharding.named(mesh, jax.P(sharding.MODEL, *[None] * (x.ndim - 1))))  # noqa: E731
-  table = jax.random.normal(jax.random.key(1), (K, H)).astype(BF16).astype(table_dtype)
+  table = precision.to_storage(jax.random.normal(jax.random.key(1), (K, H)).astype(BF16).astype(jnp.float32),
+                               table_dtype)
   state = TrainState.create(params=params, opt_state=tx.init(params), table=rows(table),
                             table_state=jax.tree.map(rows, ropt.init(K, H)))
   step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda s: 0.5,
@@ -159,12 +161,12 @@ def _table_step(mesh_shape, table_dtype, row_opt="momentum", rounding="nearest",
 @pytest.mark.parametrize("row_opt", ["momentum", "sgd"])
 def test_bf16_table_update_is_the_float32_update_rounded_to_nearest(row_opt):
   s32, step32, batch = _table_step((1, 1), jnp.float32, row_opt)
-  s16, step16, _ = _table_step((1, 1), BF16, row_opt)
+  s16, step16, _ = _table_step((1, 1), U16, row_opt)
   new32, m32 = step32(s32, batch, jax.random.key(5))
   new16, m16 = step16(s16, batch, jax.random.key(5))
-  assert new16.table.dtype == BF16 and s16.table.dtype == BF16
+  assert new16.table.dtype == s16.table.dtype == U16  # bfloat16 bits (precision.STORAGE)
   assert float(m16["loss"]) == float(m32["loss"])  # the same float32 rows were gathered
-  got, want = np.asarray(new16.table.astype(jnp.float32)), np.asarray(new32.table.astype(BF16).astype(jnp.float32))
+  got, want = np.asarray(precision.upcast(new16.table)), np.asarray(new32.table.astype(BF16).astype(jnp.float32))
   moved = np.any(np.asarray(new32.table) != np.asarray(s32.table), axis=1)
   assert moved.sum() >= B // 2
   if row_opt == "momentum":  # the same merged float32 update, rounded once: equal bits
@@ -179,18 +181,18 @@ def test_bf16_table_update_is_the_float32_update_rounded_to_nearest(row_opt):
 
 def test_bf16_table_stochastic_update_rounds_to_a_neighbour():
   s32, step32, batch = _table_step((1, 1), jnp.float32)
-  s16, step16, _ = _table_step((1, 1), BF16, rounding="stochastic")
+  s16, step16, _ = _table_step((1, 1), U16, rounding="stochastic")
   new32, _ = step32(s32, batch, jax.random.key(5))
   new16, _ = step16(s16, batch, jax.random.key(5))
   x = np.asarray(new32.table)
-  got = np.asarray(new16.table.astype(jnp.float32))
+  got = np.asarray(precision.upcast(new16.table))
   down = np.asarray(precision.stochastic_round_bf16(x, np.zeros(x.shape, np.uint32)).astype(jnp.float32))
   up = np.asarray(precision.stochastic_round_bf16(x, np.full(x.shape, 0xFFFF, np.uint32)).astype(jnp.float32))
   assert np.all((got == down) | (got == up))
   moved = x != np.asarray(s32.table)
   assert 0.2 < np.mean(got[moved] == up[moved]) < 0.8  # both neighbours are taken
   again, _ = step16(s16, batch, jax.random.key(5))
-  np.testing.assert_array_equal(np.asarray(again.table.astype(jnp.float32)), got)  # deterministic
+  np.testing.assert_array_equal(np.asarray(precision.upcast(again.table)), got)  # deterministic
 
 
 def test_stochastic_rounding_is_unbiased_and_keeps_small_updates():
@@ -216,10 +218,10 @@ def test_sharded_bf16_step_equals_one_device():
   summation order of the sharded step, which can flip a rounding: within one ulp, nearly all equal."""
   out = {}
   for shape in ((1, 1), (2, 4)):
-    state, step, batch = _table_step(shape, BF16, "sgd", "stochastic", compute=BF16)
+    state, step, batch = _table_step(shape, U16, "sgd", "stochastic", compute=BF16)
     new, metrics = step(state, batch, jax.random.key(10))
     moved = np.any(np.asarray(new.table != state.table), axis=1)
-    out[shape] = (np.asarray(new.table.astype(jnp.float32)), float(metrics["loss"]), moved)
+    out[shape] = (np.asarray(precision.upcast(new.table)), float(metrics["loss"]), moved)
   (t1, l1, m1), (t8, l8, m8) = out[(1, 1)], out[(2, 4)]
   assert abs(l1 - l8) < 1e-5
   assert m1.sum() >= B // 2 and np.array_equal(m1, m8)
@@ -278,18 +280,25 @@ def test_resume_is_bit_exact_with_a_bf16_table(tmp_path):
   full, state = train_and_evaluate(cfg(), tmp_path / "full", return_state=True)
   train_and_evaluate(cfg(**{"train.num_steps": 4}), tmp_path / "part")
   resumed, rstate = train_and_evaluate(cfg(), tmp_path / "part", return_state=True)
-  assert isinstance(state, SparseInputTrainState) and state.table.dtype == BF16
-  assert rstate.table.dtype == BF16 and state.input_table.dtype == jnp.float32
+  assert isinstance(state, SparseInputTrainState) and state.table.dtype == U16  # bfloat16 bits
+  assert rstate.table.dtype == U16 and state.input_table.dtype == jnp.float32
   assert resumed["steps"] == full["steps"] == 8
   assert resumed["state_fingerprint"] == full["state_fingerprint"]
   assert resumed["final"] == {**full["final"], "eval_seconds": resumed["final"]["eval_seconds"]}
 
 
 def test_short_bf16_run_reaches_float32_quality(tmp_path):
-  """200 steps on synthetic data (K = 256): R@5 of bfloat16 compute + a bfloat16 table (stochastic
-  rounding) within 0.03 of float32's (measured: see benchmarks/RESULTS.md, precision entry)."""
-  kw = {"train.num_steps": 200, "train.checkpoint_every": -1, "train.log_every": 100}
-  ref = train_and_evaluate(_config(**kw), tmp_path / "f32")
-  got = train_and_evaluate(_config(**BF16_RUN, **kw), tmp_path / "bf16")
-  assert ref["final"]["R@5"] > 0.2  # it learned something
-  assert abs(got["final"]["R@5"] - ref["final"]["R@5"]) <= 0.03, (got["final"], ref["final"])
+  """600 steps of 64 on synthetic data (K = 256), 1,024 test points: bfloat16 compute + a bfloat16
+  table (stochastic rounding) within 0.04 of float32's P@1 and R@5. Measured on seeds 0-2
+  (benchmarks/RESULTS.md, "bf16"): float32 R@5 0.567 / 0.538 / 0.600 (the seed-to-seed spread),
+  bfloat16 - float32 = +0.006 / +0.017 / -0.016 (P@1: -0.002 / -0.006 / -0.021)."""
+  def config(**kw):
+    c = _config(**kw, **{"train.num_steps": 600, "train.batch_size": 64, "train.checkpoint_every": -1,
+                         "train.log_every": 300, "eval.max_examples": 1024})
+    c.dataset.synthetic.num_test = 1024
+    return c
+  ref = train_and_evaluate(config(), tmp_path / "f32")["final"]
+  got = train_and_evaluate(config(**BF16_RUN), tmp_path / "bf16")["final"]
+  assert ref["R@5"] > 0.5  # it learned (chance: 5 / 256)
+  for metric in ("P@1", "R@5"):
+    assert abs(got[metric] - ref[metric]) <= 0.04, (metric, got, ref)

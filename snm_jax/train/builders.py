@@ -642,8 +642,9 @@ def compute_dtype(config):
 
 
 def table_dtype(config):
-  """table.dtype as a jnp dtype: the class table's storage dtype."""
-  return precision.dtype_of(_field(config.table, "dtype", "float32"))
+  """The class table's storage dtype for table.dtype: float32, or uint16 (the bits of bfloat16
+  values, `precision.STORAGE`)."""
+  return precision.storage_of(_field(config.table, "dtype", "float32"))
 
 
 def table_rounding(config) -> str:

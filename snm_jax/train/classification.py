@@ -22,6 +22,7 @@ from snm_jax.data.conversions import conversion_fn
 from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, make_global_batch, process_data_slice
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
+from snm_jax.models import precision
 from snm_jax.train import builders, sample_schedule
 from snm_jax.train.diagnostics import make_diagnose, probe_batch
 from snm_jax.train.evaluate import make_evaluate
@@ -155,7 +156,8 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
   input_table: an `InputTable` (model.input_update="sparse"): a `SparseInputTrainState` whose
   input table holds the EmbeddingBag rows `tower.init` draws (the dense path's initial values),
   padded with zero rows to `input_table_rows`, row-sharded over `model` like the class table.
-  The class table is stored in table.dtype: its float32 initial values rounded to nearest.
+  The class table is stored in table.dtype: its float32 initial values rounded to nearest
+  (bfloat16: as uint16 bits, `precision.to_storage`).
   """
   key = jax.random.key(config.seed)
   k_tower, k_table = jax.random.split(key)
@@ -180,7 +182,7 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
       local_s, b = i // blocks_per_stratum, i % blocks_per_stratum
       start = jnp.minimum(b * block, rows - block)  # the last block is shifted back
       key = jax.random.fold_in(jax.random.fold_in(k_table, j * per_shard + local_s), b)
-      values = (scale * jax.random.normal(key, (block, dim), jnp.float32)).astype(dtype)
+      values = precision.to_storage(scale * jax.random.normal(key, (block, dim), jnp.float32), dtype)
       return jax.lax.dynamic_update_slice_in_dim(buf, values, local_s * rows + start, 0)
 
     return jax.lax.fori_loop(0, per_shard * blocks_per_stratum, body,

@@ -44,6 +44,7 @@ from snm_jax import sharding
 from snm_jax.data.pipeline import SparseBatcher
 from snm_jax.errors import ConfigError
 from snm_jax.mining.retrieval import make_top_k_retrieval
+from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, MODEL
 from snm_jax.train import row_optimizers
@@ -92,7 +93,7 @@ def make_count_above(mesh, num_labels: int, normalize_classes: bool, row_block: 
 
     def body(b, count):
       start = jnp.minimum(b * block, k_loc - block)  # the last block is shifted back ...
-      rows = jax.lax.dynamic_slice_in_dim(table_l, start, block, 0).astype(q_l.dtype)  # bf16: upcast
+      rows = precision.upcast(jax.lax.dynamic_slice_in_dim(table_l, start, block, 0))  # a bf16 table
       rows = l2_normalize(rows) if normalize_classes else rows
       ids = j * k_loc + start + jnp.arange(block)
       fresh = (ids >= j * k_loc + b * block) & (ids < num_labels)  # ... and not recounted
@@ -126,7 +127,7 @@ def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_class
   base_key = jax.random.key(seed + DIAGNOSTICS_SEED_OFFSET)
 
   def score(q, table, ids):  # (n, h), (n, S) global ids -> (n, S), the ranking the loss mines on
-    rows = jnp.take(table, jnp.clip(ids, 0, table.shape[0] - 1), axis=0).astype(q.dtype)
+    rows = precision.upcast(jnp.take(table, jnp.clip(ids, 0, table.shape[0] - 1), axis=0))
     rows = l2_normalize(rows) if normalize_classes else rows
     return jnp.einsum("nh,nsh->ns", q, rows)
 

@@ -21,7 +21,8 @@ sampled or is a positive, not on the step count. "Touched" means named by a
 valid id of the step (in the train step: every drawn negative of the shard and
 every positive), whether or not its gradient is nonzero.
 
-A table stored narrower than float32 (bfloat16, config table.dtype) is updated in float32:
+A table stored narrower than float32 (bfloat16 as uint16 bits, config table.dtype;
+`snm_jax.models.precision`) is updated in float32:
 the touched rows are gathered and upcast, duplicate ids merged, the optimiser (its state
 stays float32) and the decay applied in float32, and the new rows rounded back once
 (`snm_jax.models.precision.round_rows`: nearest-even, or stochastic). SGD then takes the
@@ -145,7 +146,7 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_un
   merged = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=size)
   rows = table.at[unique].get(mode="fill", fill_value=0)
   if reduced:  # updated in float32, rounded back below
-    rows = rows.astype(jnp.float32)
+    rows = precision.upcast(rows)
   state_rows = jax.tree.map(lambda s: s.at[unique].get(mode="fill", fill_value=0), state)
   new_rows, new_state_rows = opt.update(rows, merged.astype(rows.dtype), state_rows, lr)
   if wd:  # `unique` holds each touched row once (padding = R_local, dropped below)
