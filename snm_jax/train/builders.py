@@ -244,7 +244,7 @@ def validate(config, num_labels: int | None = None) -> None:
                       "touched row is multiplied by 1 - lr * weight_decay)")
   _one_of("table.decay", _field(t, "decay", "constant"), DECAYS)
   _one_of("table.dtype", _field(t, "dtype", "float32"), DTYPES)
-  _one_of("table.rounding", _field(t, "rounding", "nearest"), precision.ROUNDINGS)
+  _one_of("table.rounding", _field(t, "rounding", "stochastic"), precision.ROUNDINGS)
   _int("table.warmup_steps", _field(t, "warmup_steps", 0), 0)
   # ---- loss and mining
   lo, mi = config.loss, config.mining
@@ -648,8 +648,8 @@ def table_dtype(config):
 
 
 def table_rounding(config) -> str:
-  """table.rounding: how updated rows are written into a bfloat16 table (nearest | stochastic)."""
-  return _field(config.table, "rounding", "nearest")
+  """table.rounding: how updated rows are written into a bfloat16 table (stochastic | nearest)."""
+  return _field(config.table, "rounding", "stochastic")
 
 
 def make_tower(config, num_features: int):
