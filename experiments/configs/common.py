@@ -87,7 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.table.dtype = "float32"
   # How a bfloat16 table's updated rows are rounded: stochastic (unbiased; bits from the step's key and the row
   # id: deterministic given the seed) | nearest (even): loses every update below half an ulp of the entry
-  # (measured on Bibtex, 3 seeds: P@1 below float32's with nearest, level with stochastic; benchmarks/RESULTS.md).
+  # (measured on Bibtex, 3 seeds: R@5 below float32's on every seed with nearest, level with stochastic;
+  # benchmarks/RESULTS.md, "bf16").
   c.table.rounding = "stochastic"
 
   c.optimizer = ml_collections.ConfigDict()
