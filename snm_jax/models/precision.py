@@ -8,8 +8,9 @@ Two independent choices (config `model.dtype`, `table.dtype`):
   (`preferred_element_type=float32`); they return float32 queries (L2-normalised in
   float32). The step's scores q . row multiply the query and the gathered class rows
   in it, again accumulating in float32, and every loss is computed in float32. With
-  bfloat16 (8 significant bits) each rounded factor carries a relative error of at
-  most 2^-9 (round to nearest), so a product of two carries at most ~2^-8.
+  bfloat16 (8 significant bits, 7 stored) each rounded factor carries a relative error
+  of at most u = 2^-8 (round to nearest: half the 2^-7 spacing at 1), so a product of two
+  carries at most 2u + u^2 ~ 2^-7.
 * storage dtype of the class table (`table.dtype`): a bfloat16 table takes half the
   memory of a float32 one (the point at K = 10^6 and beyond). Gathered rows are upcast
   to float32 (`upcast`; exact: every bfloat16 value is a float32 value), the row update
@@ -25,7 +26,7 @@ Two independent choices (config `model.dtype`, `table.dtype`):
   the uint16 bits (`upcast` or `jax.lax.bitcast_convert_type(x, jnp.bfloat16)` reads them).
 
 Stochastic rounding: round-to-nearest loses every update smaller than half an ulp of the
-row's entry (lr g < 2^-9 |w|), however often it repeats; rounding x up with probability
+row's entry (lr |g| below 2^-9 to 2^-8 of |w|), however often it repeats; rounding x up with probability
 (x - down(x)) / ulp makes the written value unbiased, E[round(x)] = x, so small updates
 survive on average. Implemented on the float32 bit pattern: add 16 uniform random bits
 to its low half, then truncate it (bfloat16 is the high half of a float32). The bits of
