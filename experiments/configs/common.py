@@ -69,6 +69,9 @@ def base_config() -> ml_collections.ConfigDict:
   # independent of d) | dense (a flax parameter: a dense d x hidden gradient, optax updates all d rows
   # each step; how every run before this field trained). bag_matmul=dense is a dense layer: dense update.
   c.model.input_update = "sparse"
+  # Compute dtype of the towers and the scores: float32 | bfloat16 (parameters stay float32; matmuls take
+  # bfloat16 factors and accumulate in float32; queries, norms and every loss are float32). See README.
+  c.model.dtype = "float32"
 
   c.table = ml_collections.ConfigDict()
   c.table.optimizer = "sgd"       # Row-wise sparse optimiser: sgd | momentum | adagrad.
@@ -79,6 +82,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.table.decay = "constant"      # constant | cosine (to 0 at train.num_steps).
   # Decoupled L2 decay: each row a step touches is multiplied by 1 - lr_t * wd, once (lazy: untouched rows are not decayed).
   c.table.weight_decay = 0.0
+  # Storage dtype of the class table: float32 | bfloat16 (half the memory). Gathered rows are upcast to float32,
+  # the row update computed in float32 (optimiser state float32) and rounded back when written.
+  c.table.dtype = "float32"
+  # How a bfloat16 table's updated rows are rounded: stochastic (unbiased; bits from the step's key and the row
+  # id: deterministic given the seed) | nearest (even): loses every update below half an ulp of the entry
+  # (measured on Bibtex, 3 seeds: R@5 below float32's on every seed with nearest, level with stochastic;
+  # benchmarks/RESULTS.md, "bf16").
+  c.table.rounding = "stochastic"
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "momentum"   # optax optimiser of the dense tower: sgd | momentum | adam | adagrad.

@@ -31,6 +31,8 @@ Layouts (N examples, S draws, M model shards, h embedding width):
                        elsewhere). Any sampler with a `draw(key, batch)` method
                        (it reads what it needs of the batch: features, labels,
                        label sets, example ids).
+Gathered rows are float32 whatever the table's storage dtype (a bfloat16 table, config
+table.dtype, held as uint16 bits, is upcast row by row as it is gathered: exact; `precision.upcast`).
 `for_sampler` picks the layout of a sampler. A new sampler implements its
 draws and, only if no layout fits, one new class here.
 """
@@ -43,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from snm_jax.mining.samplers import StratifiedSampler, check_strata_fit_mesh, uniform_log_expected_count
+from snm_jax.models import precision
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
 
 P = jax.P
@@ -79,7 +82,7 @@ def _positive_rows(table_l, labels_l):
   j = jax.lax.axis_index(MODEL)
   k_loc = table_l.shape[0]
   owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
-  pos_rows = jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip")
+  pos_rows = precision.upcast(jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip"))
   return jnp.where(owned[:, None], pos_rows, 0.0), owned
 
 
@@ -139,7 +142,7 @@ class _StratifiedNegatives:
     ids, log_q = self.sampler.sample_strata(key, strata, example_ids_l, cdf)
     # In range by construction (a shard draws from its own rows), hence "clip":
     # it skips the out-of-range masking of the default mode.
-    rows = jnp.take(table_l, ids - j * k_loc, axis=0, mode="clip")
+    rows = precision.upcast(jnp.take(table_l, ids - j * k_loc, axis=0, mode="clip"))
     pos_rows, owned = _positive_rows(table_l, labels_l)
     return ids, log_q, rows, pos_rows[None], owned[None]
 
@@ -214,7 +217,7 @@ class GlobalNegatives:
     k_loc = table_l.shape[0]
     local = ids_l - j * k_loc
     mine = (local >= 0) & (local < k_loc)
-    rows = jnp.where(mine[..., None], jnp.take(table_l, local, axis=0, mode="clip"), 0.0)
+    rows = jnp.where(mine[..., None], precision.upcast(jnp.take(table_l, local, axis=0, mode="clip")), 0.0)
     pos_rows, owned = _positive_rows(table_l, labels_l)
     return rows[None], pos_rows[None], owned[None]
 

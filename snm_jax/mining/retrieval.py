@@ -20,6 +20,7 @@ import numpy as np
 
 from snm_jax.losses.ranking import masked_top_k, max_over_groups, top_k_candidates
 from snm_jax.losses.topk import merge_top_k_across
+from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, normalized_row_scores
 from snm_jax.sharding import DATA, MODEL
 
@@ -169,7 +170,8 @@ def _local_block_top_k(q, table, k, row_block, num_labels, row_offset, normalize
     """Block b's scores (n, r), label ids (r,) and keep mask (r,)."""
     # The last block is shifted back to stay in range; rows it re-visits are masked.
     start = jnp.minimum(b * r, r_loc - r)
-    rows = jax.lax.dynamic_slice_in_dim(table, start, r, axis=0)
+    # A bfloat16 table is upcast block by block (exact): float32 norms and products.
+    rows = precision.upcast(jax.lax.dynamic_slice_in_dim(table, start, r, axis=0))
     rows = l2_normalize(rows) if normalize else rows
     local = start + jnp.arange(r)
     gid = row_offset + local
@@ -232,7 +234,7 @@ def _rescore_groups(q, table, keys, k, r, per_group, groups, num_labels, row_off
   local = jnp.clip(local, 0, r_loc - 1)
 
   def slot_scores(local_nP):
-    rows = jnp.take(table, local_nP, axis=0, mode="clip")  # (n, P, h), in range
+    rows = precision.upcast(jnp.take(table, local_nP, axis=0, mode="clip"))  # (n, P, h), in range
     return (normalized_row_scores(q, rows) if normalize
             else jnp.einsum("nh,nph->np", q, rows))
 

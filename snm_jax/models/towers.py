@@ -10,13 +10,25 @@ With a sparse input update (`model.input_update="sparse"`) the trainer owns it
 like the class table (`snm_jax.train.input_table`) and passes the towers a
 `bag_fn(feat_ids, feat_vals) -> (N, hidden)` that computes the bag from rows it
 gathered: the module then never creates or reads its "embedding" parameter.
+
+Compute dtype (`dtype`, config `model.dtype`; `snm_jax.models.precision`): the towers keep
+float32 parameters (`param_dtype`) and compute their matmuls in `dtype` with float32
+accumulation; their outputs are float32 queries, L2-normalised in float32 (the step's scores
+multiply them with the class rows in the compute dtype again). An EmbeddingBag's gathered sum
+(memory-bound, nnz terms) accumulates in float32 from the float32 table; its output is cast to
+`dtype`. With the default float32 every tower computes exactly what it did before the field.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from snm_jax.models import precision
 
 
 def l2_normalize(x, axis=-1, eps=1e-12):
@@ -24,14 +36,24 @@ def l2_normalize(x, axis=-1, eps=1e-12):
   return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True) + eps)
 
 
-def normalized_row_scores(q, rows, eps=1e-12):
+def normalized_row_scores(q, rows, eps=1e-12, dtype=jnp.float32):
   """q (n, h) . l2_normalize(rows) (n, S, h) -> (n, S), each query against its own rows.
 
   The (n, S) scores are scaled instead of writing normalised (n, S, h) rows:
-  the same values, ~3x faster where this is memory-bound (CPU).
+  the same values, ~3x faster where this is memory-bound (CPU). dtype: the products' factors
+  are rounded to it and summed in float32 (`precision.einsum`); the row norms are float32.
   """
-  return (jnp.einsum("nh,nsh->ns", q, rows)
+  return (precision.einsum("nh,nsh->ns", q, rows, dtype)
           * jax.lax.rsqrt(jnp.sum(jnp.square(rows), axis=-1) + eps))
+
+
+def _dense_kwargs(dtype) -> dict:
+  """nn.Dense arguments computing in `dtype` from float32 parameters with float32 accumulation;
+  none for float32 (the layer then builds exactly its former program)."""
+  if not precision.is_reduced(dtype):
+    return {}
+  return {"dtype": dtype, "param_dtype": jnp.float32,
+          "dot_general": functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)}
 
 
 def densify(feat_ids, feat_vals, num_features: int, bias_column: bool = False):
@@ -61,24 +83,30 @@ class EmbeddingBag(nn.Module):
   "values" in the "intermediates" collection (kept only when the caller passes
   `mutable=["intermediates"]`): the row gradients are those values times the
   gradient of the bag.
+
+  dtype: the output's (the compute dtype). The gathered sum accumulates in `param_dtype`
+  (float32) from the float32 table; the dense-matmul bag multiplies in `dtype` with float32
+  accumulation (`precision.matmul`).
   """
   num_features: int
   features: int
-  dtype: jnp.dtype = jnp.float32
+  dtype: Any = jnp.float32
   matmul: str = "gather"
+  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, feat_ids, feat_vals, bag_fn=None):
     if bag_fn is not None:
-      feat_vals = feat_vals.astype(self.dtype)
+      feat_vals = feat_vals.astype(self.param_dtype)
       self.sow("intermediates", "values", feat_vals)
-      return bag_fn(feat_ids, feat_vals)
+      return bag_fn(feat_ids, feat_vals).astype(self.dtype)
     table = self.param("embedding", nn.initializers.normal(stddev=self.features ** -0.5),
-                       (self.num_features, self.features), self.dtype)
-    feat_vals = feat_vals.astype(self.dtype)
+                       (self.num_features, self.features), self.param_dtype)
+    feat_vals = feat_vals.astype(self.param_dtype)
     if self.matmul == "dense":
-      return densify(feat_ids, feat_vals, self.num_features) @ table
-    return jnp.einsum("bn,bnh->bh", feat_vals, jnp.take(table, feat_ids, axis=0))
+      return precision.matmul(densify(feat_ids, feat_vals, self.num_features), table,
+                              self.dtype).astype(self.dtype)
+    return jnp.einsum("bn,bnh->bh", feat_vals, jnp.take(table, feat_ids, axis=0)).astype(self.dtype)
 
 
 def feature_dropout(rate: float, feat_vals, train: bool):
@@ -108,6 +136,8 @@ class SNMTower(nn.Module):
 
   bag_fn: `EmbeddingBag`'s (the input table held outside the module); it is
   called with the feature values after feature dropout.
+
+  dtype: the compute dtype (module docstring); the output is float32.
   """
   num_features: int
   hidden: int = 512
@@ -116,14 +146,15 @@ class SNMTower(nn.Module):
   dropout: float = 0.0
   feature_dropout: float = 0.0
   bag_matmul: str = "gather"   # EmbeddingBag.matmul
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, feat_ids, feat_vals, train: bool = False, bag_fn=None):
     feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
-    h = nn.relu(EmbeddingBag(self.num_features, self.hidden, matmul=self.bag_matmul, name="bag")(
-        feat_ids, feat_vals, bag_fn=bag_fn))
+    h = nn.relu(EmbeddingBag(self.num_features, self.hidden, matmul=self.bag_matmul, dtype=self.dtype,
+                             name="bag")(feat_ids, feat_vals, bag_fn=bag_fn))
     h = nn.Dropout(self.dropout, deterministic=not train, name="bag_dropout")(h)
-    q = nn.Dense(self.out, name="proj")(h)
+    q = nn.Dense(self.out, name="proj", **_dense_kwargs(self.dtype))(h).astype(jnp.float32)
     return l2_normalize(q) if self.normalize else q
 
 
@@ -160,7 +191,8 @@ class WideDeepQuery(nn.Module):
 
   feature_dropout drops input nonzeros once, before both paths (the same mask
   for both); dropout acts on the tower's bag output. Both only with train=True.
-  bag_fn: the tower's (`SNMTower`).
+  bag_fn: the tower's (`SNMTower`). dtype: the tower's compute dtype; the wide path is the
+  float32 input (the step's scores round both paths to the compute dtype).
   """
   num_features: int
   hidden: int = 512
@@ -168,14 +200,15 @@ class WideDeepQuery(nn.Module):
   dropout: float = 0.0
   feature_dropout: float = 0.0
   bag_matmul: str = "gather"   # EmbeddingBag.matmul of the tower
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, feat_ids, feat_vals, train: bool = False, bag_fn=None):
     feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
     wide = LinearQuery(self.num_features, name="wide")(feat_ids, feat_vals)
     deep = SNMTower(self.num_features, hidden=self.hidden, out=self.out, dropout=self.dropout,
-                    bag_matmul=self.bag_matmul, name="tower")(feat_ids, feat_vals, train=train,
-                                                              bag_fn=bag_fn)
+                    bag_matmul=self.bag_matmul, dtype=self.dtype, name="tower")(
+                        feat_ids, feat_vals, train=train, bag_fn=bag_fn)
     return jnp.concatenate([wide, deep], axis=-1)
 
 
@@ -202,7 +235,8 @@ class MLPTower(nn.Module):
   `apply(params, x, train=True, rngs={"dropout": key})`. The default call is deterministic.
 
   The classification task's `model.kind="mlp"`; with num_hidden_layers=1 and no dropout it is
-  also the retrieval task's tower (`EmbeddingTower`).
+  also the retrieval task's tower (`EmbeddingTower`). dtype: the compute dtype of the Dense
+  layers (module docstring); the output is float32.
   """
   hidden: int
   out: int
@@ -210,6 +244,7 @@ class MLPTower(nn.Module):
   dropout: float = 0.0
   feature_dropout: float = 0.0
   normalize: bool = True
+  dtype: Any = jnp.float32
 
   def layer_name(self, i: int) -> str:
     """Name of hidden layer i (0-based), or of the output layer for i = num_hidden_layers."""
@@ -219,9 +254,10 @@ class MLPTower(nn.Module):
   def __call__(self, x, train: bool = False):
     h = feature_dropout(self.feature_dropout, x, train)
     for i in range(self.num_hidden_layers):
-      h = nn.relu(nn.Dense(self.hidden, name=self.layer_name(i))(h))
+      h = nn.relu(nn.Dense(self.hidden, name=self.layer_name(i), **_dense_kwargs(self.dtype))(h))
       h = nn.Dropout(self.dropout, deterministic=not train, name=f"dropout_{i}")(h)
-    q = nn.Dense(self.out, name=self.layer_name(self.num_hidden_layers))(h)
+    q = nn.Dense(self.out, name=self.layer_name(self.num_hidden_layers),
+                 **_dense_kwargs(self.dtype))(h).astype(jnp.float32)
     if not self.normalize:
       return q
     # l2_normalize's value, written with q * q instead of jnp.square(q): the retrieval task's

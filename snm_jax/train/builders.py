@@ -13,6 +13,7 @@ from snm_jax import losses
 from snm_jax.errors import ConfigError
 from snm_jax.losses import registry as losses_registry
 from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, padded_num_labels, unigram_stratum_cdf
+from snm_jax.models import precision
 from snm_jax.models.towers import LinearQuery, MLPTower, SNMTower, WideDeepQuery
 from snm_jax.train import row_optimizers, sample_schedule
 from snm_jax.train.input_table import InputTable
@@ -66,6 +67,7 @@ BAG_MATMULS = ("gather", "dense")  # models.towers.EmbeddingBag.matmul
 INPUT_UPDATES = ("sparse", "dense")  # model.input_update
 BAG_KINDS = ("snm_tower", "wide_deep")  # models with an EmbeddingBag: an input table to update
 INPUT_ROW_OPTIMIZERS = ("sgd", "momentum", "adagrad")  # optimizer.name with a row-wise counterpart
+DTYPES = tuple(precision.DTYPES)  # model.dtype, table.dtype
 
 
 def _is_int(value) -> bool:
@@ -216,6 +218,7 @@ def validate(config, num_labels: int | None = None) -> None:
   if given("model.bag_matmul"):
     _one_of("model.bag_matmul", _field(m, "bag_matmul", "gather"), BAG_MATMULS)
   _one_of("model.input_update", _field(m, "input_update", "dense"), INPUT_UPDATES)
+  _one_of("model.dtype", _field(m, "dtype", "float32"), DTYPES)
   # ---- optimisers
   o = config.optimizer
   _one_of("optimizer.name", o.name, TOWER_OPTIMIZERS)
@@ -245,6 +248,8 @@ def validate(config, num_labels: int | None = None) -> None:
                       f"{t.learning_rate} * {_field(t, 'weight_decay', 0.0)} must be < 1 (each "
                       "touched row is multiplied by 1 - lr * weight_decay)")
   _one_of("table.decay", _field(t, "decay", "constant"), DECAYS)
+  _one_of("table.dtype", _field(t, "dtype", "float32"), DTYPES)
+  _one_of("table.rounding", _field(t, "rounding", "stochastic"), precision.ROUNDINGS)
   _int("table.warmup_steps", _field(t, "warmup_steps", 0), 0)
   # ---- loss and mining
   lo, mi = config.loss, config.mining
@@ -490,6 +495,11 @@ def _validate_task(config) -> None:
   _one_of("task", kind, TASKS)
   if kind != "retrieval":
     return
+  for field in ("model.dtype", "table.dtype"):  # the retrieval task has its own float32 tower, no class table
+    section, name = field.split(".")
+    if _field(config[section], name, "float32") != "float32":
+      raise ConfigError(field, f"task=retrieval trains in float32 only: must be 'float32', got "
+                        f"{config[section][name]!r}")
   from snm_jax.auprc.losses import METHODS  # pylint: disable=g-import-not-at-top
   from snm_jax.data import retrieval_tasks  # pylint: disable=g-import-not-at-top
   a = config.auprc
@@ -634,6 +644,22 @@ def dense_inputs(config) -> bool:
   return config.model.kind in DENSE_KINDS
 
 
+def compute_dtype(config):
+  """model.dtype as a jnp dtype: the towers' and the scores' compute dtype (float32 accumulation)."""
+  return precision.dtype_of(_field(config.model, "dtype", "float32"))
+
+
+def table_dtype(config):
+  """The class table's storage dtype for table.dtype: float32, or uint16 (the bits of bfloat16
+  values, `precision.STORAGE`)."""
+  return precision.storage_of(_field(config.table, "dtype", "float32"))
+
+
+def table_rounding(config) -> str:
+  """table.rounding: how updated rows are written into a bfloat16 table (stochastic | nearest)."""
+  return _field(config.table, "rounding", "stochastic")
+
+
 def make_tower(config, num_features: int):
   """Returns (flax module, query width = class-row width).
 
@@ -644,22 +670,25 @@ def make_tower(config, num_features: int):
   mlp: MLPTower over dense rows x (N, d), width model.out (`dense_inputs`).
   The modules take `train=True` (and rngs={"dropout": key}) to apply
   model.dropout / model.feature_dropout; their default call is deterministic.
+  model.dtype: the towers' compute dtype (`compute_dtype`; linear has no computation: the step's
+  scores round its query).
   """
   m = config.model
+  dtype = {"dtype": compute_dtype(config)} if precision.is_reduced(compute_dtype(config)) else {}
   dropout = float(_field(m, "dropout", 0.0))
   feature_dropout = float(_field(m, "feature_dropout", 0.0))
   if m.kind == "linear":
     return LinearQuery(num_features=num_features, feature_dropout=feature_dropout), num_features + 1
   if m.kind == "mlp":
     return (MLPTower(hidden=m.hidden, out=m.out, num_hidden_layers=_field(m, "num_hidden_layers", 1),
-                     dropout=dropout, feature_dropout=feature_dropout), m.out)
+                     dropout=dropout, feature_dropout=feature_dropout, **dtype), m.out)
   bag_matmul = _field(m, "bag_matmul", "gather")
   if m.kind == "wide_deep":
     return (WideDeepQuery(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
-                          feature_dropout=feature_dropout, bag_matmul=bag_matmul),
+                          feature_dropout=feature_dropout, bag_matmul=bag_matmul, **dtype),
             num_features + 1 + m.out)
   return SNMTower(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
-                  feature_dropout=feature_dropout, bag_matmul=bag_matmul), m.out
+                  feature_dropout=feature_dropout, bag_matmul=bag_matmul, **dtype), m.out
 
 
 def sparse_input_table(config) -> bool:

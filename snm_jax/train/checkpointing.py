@@ -49,8 +49,10 @@ RESUMABLE_FIELDS = ("train.num_steps", "train.log_every", "train.eval_every", "t
 NOT_RESUMABLE = ("eval.select_metric",)
 # Fields added since some workdirs were written, with the value their absence meant: a saved
 # config.json without one is compared as if it held it (model.input_update=sparse changes the
-# state's pytree, so resuming an older workdir with it must be refused, not restarted).
-ADDED_FIELDS = {"model.input_update": "dense"}
+# state's pytree, so resuming an older workdir with it must be refused, not restarted; a bfloat16
+# model.dtype / table.dtype changes the trajectory, and table.dtype the table's dtype). table.rounding
+# is not listed: it acts only on a bfloat16 table, which no workdir written before it has.
+ADDED_FIELDS = {"model.input_update": "dense", "model.dtype": "float32", "table.dtype": "float32"}
 
 
 def state_digest(state) -> str:

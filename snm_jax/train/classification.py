@@ -22,6 +22,7 @@ from snm_jax.data.conversions import conversion_fn
 from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, make_global_batch, process_data_slice
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
+from snm_jax.models import precision
 from snm_jax.train import builders, sample_schedule
 from snm_jax.train.diagnostics import make_diagnose, probe_batch
 from snm_jax.train.evaluate import make_evaluate
@@ -97,7 +98,9 @@ def build(config, mesh) -> Task:
     return make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
                            table_lr=builders.make_table_schedule(config), sampler=b_sampler, loss=loss,
                            mesh=mesh, normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
-                           table_rows=table_rows, max_traces=1, input_table=input_table)
+                           table_rows=table_rows, max_traces=1, input_table=input_table,
+                           compute_dtype=builders.compute_dtype(config),
+                           table_rounding=builders.table_rounding(config))
 
   train_step = sample_schedule.phased_step(schedule, train_step_for)
 
@@ -136,7 +139,8 @@ def build(config, mesh) -> Task:
           tower_apply=tower_apply, sampler=b_sampler, loss=loss, mesh=mesh,
           normalize_classes=normalize_classes, num_labels=num_labels, probe=probe,
           k=config.diagnostics.k or config.mining.k, snr_draws=config.diagnostics.snr_draws,
-          seed=config.seed, stratum_cdf=cdf_dev, table_rows=table_rows, row_block=config.eval.row_block)
+          seed=config.seed, stratum_cdf=cdf_dev, table_rows=table_rows, row_block=config.eval.row_block,
+          compute_dtype=builders.compute_dtype(config))
 
     diagnose = sample_schedule.phased_diagnose(schedule, diagnose_for)
   return Task(state=state, train_step=train_step, batches=GlobalBatches(batcher, mesh),
@@ -152,6 +156,8 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
   input_table: an `InputTable` (model.input_update="sparse"): a `SparseInputTrainState` whose
   input table holds the EmbeddingBag rows `tower.init` draws (the dense path's initial values),
   padded with zero rows to `input_table_rows`, row-sharded over `model` like the class table.
+  The class table is stored in table.dtype: its float32 initial values rounded to nearest
+  (bfloat16: as uint16 bits, `precision.to_storage`).
   """
   key = jax.random.key(config.seed)
   k_tower, k_table = jax.random.split(key)
@@ -159,6 +165,7 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
   num_model = mesh.shape[sharding.MODEL]
   strata = config.mining.num_strata
   scale = builders.table_init_scale(config)
+  dtype = builders.table_dtype(config)
 
   def init_table_shard():
     # Block by block inside a fori_loop, each block from a key of (stratum,
@@ -175,11 +182,11 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
       local_s, b = i // blocks_per_stratum, i % blocks_per_stratum
       start = jnp.minimum(b * block, rows - block)  # the last block is shifted back
       key = jax.random.fold_in(jax.random.fold_in(k_table, j * per_shard + local_s), b)
-      values = scale * jax.random.normal(key, (block, dim), jnp.float32)
+      values = precision.to_storage(scale * jax.random.normal(key, (block, dim), jnp.float32), dtype)
       return jax.lax.dynamic_update_slice_in_dim(buf, values, local_s * rows + start, 0)
 
     return jax.lax.fori_loop(0, per_shard * blocks_per_stratum, body,
-                             jnp.zeros((per_shard * rows, dim), jnp.float32))
+                             jnp.zeros((per_shard * rows, dim), dtype))
 
   init_table = jax.shard_map(init_table_shard, mesh=mesh, in_specs=(),
                              out_specs=sharding.TABLE, check_vma=False)

@@ -44,6 +44,7 @@ from snm_jax import sharding
 from snm_jax.data.pipeline import SparseBatcher
 from snm_jax.errors import ConfigError
 from snm_jax.mining.retrieval import make_top_k_retrieval
+from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, MODEL
 from snm_jax.train import row_optimizers
@@ -92,7 +93,7 @@ def make_count_above(mesh, num_labels: int, normalize_classes: bool, row_block: 
 
     def body(b, count):
       start = jnp.minimum(b * block, k_loc - block)  # the last block is shifted back ...
-      rows = jax.lax.dynamic_slice_in_dim(table_l, start, block, 0)
+      rows = precision.upcast(jax.lax.dynamic_slice_in_dim(table_l, start, block, 0))  # a bf16 table
       rows = l2_normalize(rows) if normalize_classes else rows
       ids = j * k_loc + start + jnp.arange(block)
       fresh = (ids >= j * k_loc + b * block) & (ids < num_labels)  # ... and not recounted
@@ -109,7 +110,7 @@ def make_count_above(mesh, num_labels: int, normalize_classes: bool, row_block: 
 
 def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_classes: bool, probe: dict,
                   num_labels: int, k: int, snr_draws: int, seed: int, stratum_cdf=None,
-                  table_rows: int | None = None, row_block: int = 4096) -> Callable:
+                  table_rows: int | None = None, row_block: int = 4096, compute_dtype=jnp.float32) -> Callable:
   """`diagnose(state, step) -> {name: float}` (module docstring) for the run's sampler and loss.
 
   probe: a `probe_batch`; k: the mined set's size; snr_draws: R (0 = no SNR).
@@ -117,7 +118,7 @@ def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_class
   """
   loss_and_grads, negatives = make_loss_and_grads(
       tower_apply=tower_apply, sampler=sampler, loss=loss, mesh=mesh, normalize_classes=normalize_classes,
-      stratum_cdf=stratum_cdf, table_rows=table_rows, dropout=False)
+      stratum_cdf=stratum_cdf, table_rows=table_rows, dropout=False, compute_dtype=compute_dtype)
   max_labels = probe["label_set"].shape[1]
   retrieve = make_top_k_retrieval(mesh, k=min(k + max_labels, num_labels), num_labels=num_labels,
                                   row_block=row_block, normalize_classes=normalize_classes)
@@ -126,7 +127,7 @@ def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_class
   base_key = jax.random.key(seed + DIAGNOSTICS_SEED_OFFSET)
 
   def score(q, table, ids):  # (n, h), (n, S) global ids -> (n, S), the ranking the loss mines on
-    rows = jnp.take(table, jnp.clip(ids, 0, table.shape[0] - 1), axis=0)
+    rows = precision.upcast(jnp.take(table, jnp.clip(ids, 0, table.shape[0] - 1), axis=0))
     rows = l2_normalize(rows) if normalize_classes else rows
     return jnp.einsum("nh,nsh->ns", q, rows)
 
@@ -151,14 +152,14 @@ def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_class
     def one_draw(r, carry):
       mean, m2 = carry
       out = loss_and_grads(params, table, probe, jax.random.fold_in(key, r))
-      zeros = jnp.zeros_like(table)
+      zeros = jnp.zeros_like(table, jnp.float32)  # float32 gradients of a bfloat16 table too
       g, _ = densify_grad(zeros, {}, out.draws.ids, out.g_rows, out.g_pos, out.draws.owned,
                           probe["label"], -1.0)
       delta = g - mean  # Welford's update: no cancellation where |mean| >> std
       mean = mean + delta / (r + 1.0)
       return mean, m2 + delta * (g - mean)
 
-    zeros = jnp.zeros_like(table)
+    zeros = jnp.zeros_like(table, jnp.float32)
     mean, m2 = jax.lax.fori_loop(0, snr_draws, one_draw, (zeros, zeros))
     return jnp.sum(jnp.square(mean)), jnp.sum(m2) / (snr_draws - 1)
 

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 from snm_jax import metrics
 from snm_jax.data.pipeline import DenseBatcher, SparseBatcher
 from snm_jax.mining.retrieval import bias_at, make_top_k_retrieval
+from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, named
 from snm_jax.train.host import to_host
@@ -128,7 +129,7 @@ class Evaluator:
     @jax.jit
     def label_scores(q, table, labels, extra):
       """Score (with the bias, if any) of one given label per query: (n,)."""
-      rows = jnp.take(table, jnp.maximum(labels, 0), axis=0)
+      rows = precision.upcast(jnp.take(table, jnp.maximum(labels, 0), axis=0))  # a bf16 table too
       rows = l2_normalize(rows) if normalize_classes else rows
       s = jnp.sum(q * rows, axis=-1)
       if bias_fn is not None:

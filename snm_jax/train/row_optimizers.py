@@ -20,6 +20,13 @@ O(K h) per step), so a row's total shrinkage depends on how often it is
 sampled or is a positive, not on the step count. "Touched" means named by a
 valid id of the step (in the train step: every drawn negative of the shard and
 every positive), whether or not its gradient is nonzero.
+
+A table stored narrower than float32 (bfloat16 as uint16 bits, config table.dtype;
+`snm_jax.models.precision`) is updated in float32:
+the touched rows are gathered and upcast, duplicate ids merged, the optimiser (its state
+stays float32) and the decay applied in float32, and the new rows rounded back once
+(`snm_jax.models.precision.round_rows`: nearest-even, or stochastic). SGD then takes the
+merging path too: a scatter-add into bfloat16 rows would round once per duplicate.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from snm_jax.errors import ConfigError
+from snm_jax.models import precision
 
 
 class RowOptimizer(NamedTuple):
@@ -92,7 +100,8 @@ def get_row_optimizer(name: str, **kwargs) -> RowOptimizer:
   return table[name](**kwargs)
 
 
-def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_unique: bool = False):
+def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_unique: bool = False,
+                     rounding: str = "nearest", key=None, row_offset=0):
   """Applies `opt` to the rows of `table` named by `row_ids`.
 
   Args:
@@ -106,6 +115,9 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_un
       R_local + 1 distinct ids, "not mine" included): the same values, far less work when
       T >> R_local (a sparse input table with d < N nnz). Off by default: the class table's
       updates keep their compiled shapes (row-wise Adagrad's mean may round differently).
+    rounding, key, row_offset: for a table narrower than float32 (module docstring), how the
+      float32 rows are written back ("nearest" | "stochastic"); stochastic rounding draws from
+      `key` and the global row id row_offset + local id. Ignored for float32 tables.
   Returns:
     (table, state) with only the touched rows changed; cost O(T h + T log T),
     or O(T h) for an additive optimiser (SGD) without weight decay. With
@@ -117,7 +129,8 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_un
   t = row_ids.shape[0]
   row_ids = jnp.where((row_ids >= 0) & (row_ids < num_rows), row_ids, num_rows)
   wd = opt.weight_decay
-  if opt.additive:
+  reduced = precision.is_reduced(table.dtype)
+  if opt.additive and not reduced:
     step = (-lr * grads).astype(table.dtype)
     table = table.at[row_ids].add(step, mode="drop")
     if wd:
@@ -132,10 +145,14 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_un
   unique, inverse = jnp.unique(row_ids, size=size, fill_value=num_rows, return_inverse=True)
   merged = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=size)
   rows = table.at[unique].get(mode="fill", fill_value=0)
+  if reduced:  # updated in float32, rounded back below
+    rows = precision.upcast(rows)
   state_rows = jax.tree.map(lambda s: s.at[unique].get(mode="fill", fill_value=0), state)
   new_rows, new_state_rows = opt.update(rows, merged.astype(rows.dtype), state_rows, lr)
   if wd:  # `unique` holds each touched row once (padding = R_local, dropped below)
     new_rows = new_rows * (1.0 - lr * wd)
+  if reduced:
+    new_rows = precision.round_rows(new_rows, table.dtype, rounding, key, unique + row_offset)
   table = table.at[unique].set(new_rows.astype(table.dtype), mode="drop")
   state = jax.tree.map(lambda s, n: s.at[unique].set(n.astype(s.dtype), mode="drop"),
                        state, new_state_rows)

@@ -19,6 +19,11 @@ w.r.t. the bag vectors (N, hidden), and in step 3 only those rows are updated
 (`snm_jax.train.input_table`); optax keeps the dense layers.
 Tower dropout (if any) uses a key folded out of the step's rng, so the
 sampler's draws do not depend on it.
+Reduced precision (`snm_jax.models.precision`): with a compute dtype (model.dtype)
+the scores multiply queries and gathered rows in it, accumulating in float32, and
+the loss is float32; a bfloat16 class table (table.dtype) is gathered into float32
+rows and its updated rows are rounded back (nearest, or stochastically with a key
+folded out of the step's rng: ROUNDING_FOLD_IN).
 The cost is O((N + B) h) for the table and O(N B h / M) for scoring; nothing
 is O(K). Communication per step: an all-gather of N k candidates per shard,
 psums of N-vectors, and the data-parallel sum of the B gathered rows' gradients.
@@ -38,6 +43,7 @@ import optax
 import snm_jax.losses as losses_lib
 from snm_jax.losses import registry as losses_registry
 from snm_jax.mining import negatives as negatives_lib
+from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, normalized_row_scores, tower_inputs
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
 from snm_jax.train.input_table import InputTable, SparseTowerParams, bag_values
@@ -50,6 +56,8 @@ P = jax.P
 # step's rng: the sampler keeps drawing from `rng` itself, so enabling dropout
 # does not change which negatives are drawn.
 DROPOUT_FOLD_IN = 0x0D50
+# The stochastic rounding of a bfloat16 table's updated rows draws from fold_in(rng, ROUNDING_FOLD_IN).
+ROUNDING_FOLD_IN = 0x0B16
 
 
 @flax.struct.dataclass
@@ -139,19 +147,27 @@ def _module_has_dropout(module) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class _Scorer:
-  """Scaled scores of queries q (n, h) against gathered class rows (cosines if normalised)."""
+  """Scaled scores of queries q (n, h) against gathered (float32) class rows (cosines if
+  normalised); the factors of every product are in `dtype`, summed in float32."""
   scale: float
   normalize_classes: bool
+  dtype: Any = jnp.float32
 
   def class_rows(self, rows):
     return l2_normalize(rows) if self.normalize_classes else rows
 
+  def positive(self, q, rows_nxh):  # -> (n,) unscaled: each query against its own row
+    if precision.is_reduced(self.dtype):  # the factors rounded as a matmul in dtype rounds them
+      q, rows_nxh = (x.astype(self.dtype).astype(jnp.float32) for x in (q, self.class_rows(rows_nxh)))
+      return jnp.sum(q * rows_nxh, axis=-1)
+    return jnp.sum(q * self.class_rows(rows_nxh), axis=-1)
+
   def shared(self, q, rows_Sxh):  # -> (n, S)
-    return self.scale * (q @ self.class_rows(rows_Sxh).T)
+    return self.scale * precision.matmul(q, self.class_rows(rows_Sxh).T, self.dtype)
 
   def each(self, q, rows_nxSxh):  # -> (n, S)
-    return self.scale * (normalized_row_scores(q, rows_nxSxh) if self.normalize_classes
-                         else jnp.einsum("nh,nsh->ns", q, rows_nxSxh))
+    return self.scale * (normalized_row_scores(q, rows_nxSxh, dtype=self.dtype) if self.normalize_classes
+                         else precision.einsum("nh,nsh->ns", q, rows_nxSxh, self.dtype))
 
 
 class LossAndGrads(NamedTuple):
@@ -171,26 +187,28 @@ class LossAndGrads(NamedTuple):
 
 def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh, normalize_classes: bool,
                         stratum_cdf: jax.Array | None = None, table_rows: int | None = None,
-                        dropout: bool | None = None, input_table: InputTable | None = None):
+                        dropout: bool | None = None, input_table: InputTable | None = None,
+                        compute_dtype=jnp.float32):
   """Builds `loss_and_grads(params, table, batch, rng) -> (LossAndGrads, negatives layout)`:
   steps 1 and 2 of the module docstring (sample + gather, score + loss, backward),
   unjitted, so the train step and the diagnostics (`snm_jax.train.diagnostics`)
   share them. Arguments as in `make_train_step`; with `input_table`, `params` is a
   `SparseTowerParams` (the state's `tower_params()`) and its table's gradient is given
-  as that of the bag vectors, `g_input`, with the bag's `input_values`."""
+  as that of the bag vectors, `g_input`, with the bag's `input_values`. compute_dtype: the
+  scores' (model.dtype; the tower's own is set on its module, `builders.make_tower`)."""
   if normalize_classes is None:
     raise ValueError("normalize_classes=None (config 'auto'): pass "
                      "builders.resolve_normalize_classes(config)")
   if dropout is None:
     dropout = _module_has_dropout(getattr(tower_apply, "__self__", None))
   negatives = negatives_lib.for_sampler(sampler, mesh, stratum_cdf, table_rows)
-  scorer = _Scorer(loss.logit_scale, normalize_classes)
+  scorer = _Scorer(loss.logit_scale, normalize_classes, compute_dtype)
   per_example_loss = losses_registry.get_loss(loss.kind)
   mask_hits = losses_registry.masks_accidental_hits(loss.kind, loss.mask_accidental_hits)
 
   # ---- 2. score + loss, per model shard -------------------------------------
   def sharded_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l):
-    pos = loss.logit_scale * jax.lax.psum(jnp.sum(q_l * scorer.class_rows(pos_rows_l[0]), axis=-1), MODEL)
+    pos = loss.logit_scale * jax.lax.psum(scorer.positive(q_l, pos_rows_l[0]), MODEL)
     scores, score_at, ids, log_q, mine = negatives.local_scores(q_l, rows_l, ids_l, log_q_l, scorer)
     excluded = label_set_l if mask_hits else jnp.full_like(label_set_l, -1)  # padding excludes nothing
     hit = jnp.any(ids[:, :, None] == excluded[:, None, :], axis=-1)
@@ -249,7 +267,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     row_opt: RowOptimizer, table_lr: Callable, sampler, loss: LossSpec, mesh,
                     normalize_classes: bool, stratum_cdf: jax.Array | None = None, donate: bool = True,
                     table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None,
-                    input_table: InputTable | None = None):
+                    input_table: InputTable | None = None, compute_dtype=jnp.float32,
+                    table_rounding: str = "nearest"):
   """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
 
   sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
@@ -276,12 +295,15 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   input_table: an `InputTable` (model.input_update="sparse"): the state is a
     `SparseInputTrainState`, `tower_apply` takes a `bag_fn` (`towers.SNMTower`), and the
     input table's touched rows get `input_table.row_opt` at `input_table.lr(step)`.
+  compute_dtype: the scores' factors (model.dtype, `make_loss_and_grads`). table_rounding:
+    "nearest" | "stochastic", how updated rows are written into a table narrower than float32
+    (the state's `table.dtype`; `precision.round_rows`); float32 tables ignore it.
   """
   loss_and_grads, negatives = make_loss_and_grads(
       tower_apply=tower_apply, sampler=sampler, loss=loss, mesh=mesh,
       normalize_classes=normalize_classes, stratum_cdf=stratum_cdf, table_rows=table_rows,
-      dropout=dropout, input_table=input_table)
-  update_table = make_table_update(negatives, mesh, row_opt)
+      dropout=dropout, input_table=input_table, compute_dtype=compute_dtype)
+  update_table = make_table_update(negatives, mesh, row_opt, table_rounding)
 
   def train_step(state: TrainState, batch, rng):
     out = loss_and_grads(state.tower_params(), state.table, batch, rng)
@@ -293,7 +315,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     table, table_state = update_table(
         state.table, state.table_state, out.draws.ids, jnp.where(finite, out.g_rows, 0.0),
         jnp.where(finite, out.g_pos, 0.0), out.draws.owned, batch["label"],
-        jnp.where(finite, table_lr(state.step), 0.0))
+        jnp.where(finite, table_lr(state.step), 0.0), jax.random.fold_in(rng, ROUNDING_FOLD_IN))
     inputs = {}
     if input_table is not None:  # the rows of the batch's features, as the class table's rows
       inputs = dict(zip(("input_table", "input_table_state"), input_table.update(
@@ -313,11 +335,13 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   return jax.jit(train_step, donate_argnums=(0,) if donate else ())
 
 
-def make_table_update(negatives, mesh, row_opt: RowOptimizer) -> Callable:
-  """`update(table, table_state, ids, row_grads, pos_grads, owned, labels, lr)`: the
-  row-wise optimiser on the drawn and positive rows, each model shard on its own rows."""
+def make_table_update(negatives, mesh, row_opt: RowOptimizer, rounding: str = "nearest") -> Callable:
+  """`update(table, table_state, ids, row_grads, pos_grads, owned, labels, lr, key=None)`: the
+  row-wise optimiser on the drawn and positive rows, each model shard on its own rows. A table
+  narrower than float32 gets its rows updated in float32 and rounded back by `rounding`
+  (`precision.round_rows`; "stochastic" draws from `key` and the rows' global ids)."""
 
-  def update_table(table_l, tstate_l, ids_l, row_grads_l, pos_grads_l, owned_l, labels_l, lr):
+  def update_table(table_l, tstate_l, ids_l, row_grads_l, pos_grads_l, owned_l, labels_l, lr, key):
     j = jax.lax.axis_index(MODEL)
     k_loc, h = table_l.shape
     ids_l, row_grads_l = negatives.rows_to_update(ids_l, row_grads_l)
@@ -330,19 +354,21 @@ def make_table_update(negatives, mesh, row_opt: RowOptimizer) -> Callable:
     pos_ids = jnp.where(owned, labels - j * k_loc, k_loc)
     row_ids = jnp.concatenate([neg_ids, pos_ids])
     grads = jnp.concatenate([row_grads_l.reshape(-1, h), pos_grads])
-    return apply_row_update(table_l, tstate_l, row_ids, grads, lr, row_opt)
+    return apply_row_update(table_l, tstate_l, row_ids, grads, lr, row_opt, rounding=rounding, key=key,
+                            row_offset=j * k_loc)
 
-  def update(table, tstate, ids, row_grads, pos_grads, owned, labels, lr):
+  def update(table, tstate, ids, row_grads, pos_grads, owned, labels, lr, key=None):
     tstate_specs = jax.tree.map(lambda _: P(MODEL), tstate)
+    key = jax.random.key(0) if key is None else key  # used only by stochastic rounding
     return jax.shard_map(
         update_table, mesh=mesh,
         in_specs=(TABLE, tstate_specs, negatives.ids_spec, negatives.rows_spec,
-                  P(MODEL, DATA, None), P(MODEL, DATA), BATCH, P()),
+                  P(MODEL, DATA, None), P(MODEL, DATA), BATCH, P(), P()),
         # Every data replica of a table shard applies the same all-gathered
         # update; all_gather results are typed "varying" over `data`, hence no
         # replication check here (this map is never differentiated).
         out_specs=(TABLE, tstate_specs), check_vma=False)(table, tstate, ids, row_grads, pos_grads,
-                                                   owned, labels, lr)
+                                                   owned, labels, lr, key)
 
   return update
 
