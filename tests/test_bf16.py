@@ -23,7 +23,6 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.configs import default
 from snm_jax import losses, sharding
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import StratifiedSampler
@@ -35,6 +34,7 @@ from snm_jax.train.input_table import InputTable, SparseTowerParams, input_table
 from snm_jax.train.loop import train_and_evaluate
 from snm_jax.train.step import (LossSpec, SparseInputTrainState, TrainState, make_loss_and_grads,
                                 make_train_step)
+import run_configs
 
 K, D, H, N, B, NNZ, V = 64, 100, 16, 16, 16, 6, 8
 SCALE = 8.0  # loss.logit_scale of the small configs
@@ -233,18 +233,11 @@ def test_sharded_bf16_step_equals_one_device():
 # ---- runs: config, resume, quality ---------------------------------------------------------------
 
 def _config(**overrides):
-  c = default.get_config("runlocal")
-  c.dataset.name = "synthetic"
-  c.dataset.synthetic.num_labels = 256
-  c.dataset.synthetic.num_train = 2000
-  c.dataset.synthetic.num_test = 256
-  c.dataset.synthetic.dim = 64
-  c.train.num_steps, c.train.checkpoint_every, c.train.eval_every, c.train.log_every = 8, 4, 0, 4
-  c.eval.max_examples = 256
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c
+  return run_configs.runlocal(
+      {"dataset.name": "synthetic", "dataset.synthetic.num_labels": 256, "dataset.synthetic.num_train": 2000,
+       "dataset.synthetic.num_test": 256, "dataset.synthetic.dim": 64, "train.num_steps": 8,
+       "train.checkpoint_every": 4, "train.eval_every": 0, "train.log_every": 4, "eval.max_examples": 256},
+      **overrides)
 
 
 BF16_RUN = {"model.dtype": "bfloat16", "table.dtype": "bfloat16", "table.rounding": "stochastic"}
