@@ -200,6 +200,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Ensembles of the top-m candidates by validation, m = 1..ensemble, scored by the sum of their logits;
   # m chosen on validation (snm_jax/train/ensemble.py). 1 = the best candidate alone, 0 = up to all.
   c.recipe.ensemble = 1
+  # Post-hoc logit adjustment of the chosen model / ensemble (Menon et al. 2021): score - tau log prior(y),
+  # tau from this comma-separated grid (0 always in it) chosen on validation (snm_jax/train/logit_adjust.py).
+  # "" = off.
+  c.recipe.logit_adjust = ""
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.

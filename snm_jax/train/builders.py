@@ -15,7 +15,7 @@ from snm_jax.losses import registry as losses_registry
 from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, padded_num_labels, unigram_stratum_cdf
 from snm_jax.models import precision
 from snm_jax.models.towers import LinearQuery, MLPTower, SNMTower, WideDeepQuery
-from snm_jax.train import row_optimizers, sample_schedule
+from snm_jax.train import logit_adjust, row_optimizers, sample_schedule
 from snm_jax.train.input_table import InputTable
 # The override helpers, also under their old home here (experiments/train.py, tests).
 from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config_fields,  # noqa: F401
@@ -149,6 +149,10 @@ def _validate_recipe(config) -> None:
   if members != 1 and r.refit:
     raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit on the whole "
                       "training file (recipe.refit=True): set recipe.ensemble=1 or recipe.refit=False")
+  if len(logit_adjust.parse_grid(_field(r, "logit_adjust", ""))) > 1 and r.refit:
+    raise ConfigError("recipe.logit_adjust", "tau is chosen on validation, which a refit on the whole "
+                      "training file does not have (recipe.refit=True): set recipe.logit_adjust=\"\" "
+                      "or recipe.refit=False")
   if not config.dataset.validation_fraction > 0:
     raise ConfigError("dataset.validation_fraction", "a recipe chooses on a validation split: "
                       f"must be in (0, 1), got {config.dataset.validation_fraction!r}")

@@ -120,9 +120,11 @@ def make_ensemble(members: Sequence[Member]) -> tuple[Callable, EnsembleState]:
 
 
 def make_ensemble_evaluate(config, run_data, split: str, members: Sequence[Member], batching: dict,
-                           mesh) -> Callable[[], dict]:
+                           mesh, label_bias=None) -> Callable[[], dict]:
   """`evaluate() -> {metric: value}` of the ensemble of `members` on `split` ("validation" or
-  "test"), with the metrics, propensities and chunking of `config` (a member's config)."""
+  "test"), with the metrics, propensities and chunking of `config` (a member's config).
+  label_bias (K,): added to the summed logits of each label (`evaluate.make_evaluate`), e.g.
+  Menon et al.'s post-hoc logit adjustment z(x, y) - tau log pi_y."""
   tower_apply, state = make_ensemble(members)
   # The members' scales and normalisation are in the concatenated queries and rows already; the
   # log-likelihood would need the evaluator's own logit scale, so it is not computed here.
@@ -131,5 +133,6 @@ def make_ensemble_evaluate(config, run_data, split: str, members: Sequence[Membe
     eval_config.eval.log_likelihood = False
   evaluate = make_evaluate(eval_config, run_data, split, tower_apply=tower_apply, mesh=mesh,
                            normalize_classes=False, max_nnz=batching["max_nnz"],
-                           max_labels=batching["max_labels"], dense_inputs=batching["dense_inputs"])
+                           max_labels=batching["max_labels"], dense_inputs=batching["dense_inputs"],
+                           label_bias=label_bias)
   return lambda: evaluate(state)

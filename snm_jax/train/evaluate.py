@@ -40,7 +40,7 @@ def propensity_ab(config, dataset_name: str | None) -> tuple[float, float]:
 
 def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, normalize_classes: bool,
                   max_nnz: int, max_labels: int, dense_inputs: bool = False,
-                  tree_sampler=None) -> Callable:
+                  tree_sampler=None, label_bias: np.ndarray | None = None) -> Callable:
   """`evaluate(state) -> dict` of every metric on one split ("validation" or "test").
 
   Owns the method-specific parts of prediction: Bamler & Mandt's Eq. 5 bias
@@ -50,6 +50,9 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
   Head/Torso/Tail split use the whole training file's label counts, so every
   method and every split is scored with the same propensities. dense_inputs:
   the tower takes dense rows (`DenseBatcher` batches), as in training.
+  label_bias: float (K,) added to every score of label y at prediction, score_y(x) + b_y (e.g.
+  Menon et al.'s post-hoc logit adjustment, b = -tau log prior), through the same per-label bias
+  path of the chunked top-k as Eq. 5 (not with it).
   """
   dataset = run_data.validation if split == "validation" else run_data.test
   n = config.eval.max_examples or None
@@ -61,6 +64,10 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
     x_proj = np.asarray(tree_sampler.project_sparse_host(features))
     extra_fn = lambda rows: x_proj[np.maximum(rows, 0)]  # pylint: disable=unnecessary-lambda-assignment
     bias_fn = tree_sampler.log_prob_block
+  if label_bias is not None:
+    if debias:
+      raise ValueError("label_bias and the adversarial loss's Eq. 5 bias removal are exclusive")
+    bias_fn, extra_fn = label_bias_fn(label_bias)
   evaluator = Evaluator(
       bias_fn=bias_fn, extra_fn=extra_fn, with_loglik=config.eval.log_likelihood,
       tower_apply=tower_apply, features=features, labels=labels, mesh=mesh,
@@ -93,6 +100,19 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
     return out
 
   return evaluate
+
+
+def label_bias_fn(label_bias) -> tuple[Callable, Callable]:
+  """A per-label bias b (K,) as the retrieval's (bias_fn(extra (n,), ids (r,)) -> (n, r) = b[ids],
+  extra_fn(example rows) -> zeros (n,)): the bias does not depend on x, `extra` only carries the
+  query count (and sharding) the retrieval's bias interface expects. Ids past K (padding) get 0."""
+  bias = jnp.asarray(np.asarray(label_bias, np.float32))
+
+  def bias_fn(extra, ids):
+    return jnp.broadcast_to(jnp.take(bias, ids, mode="fill", fill_value=0.0)[None],
+                            (extra.shape[0],) + ids.shape)
+
+  return bias_fn, lambda rows: np.zeros(len(rows), np.float32)
 
 
 class Evaluator:

@@ -16,7 +16,10 @@ top m = 1..M candidates by validation (the sum of their logits,
 `snm_jax/train/ensemble.py`) are scored on validation, the best m is kept
 (m = 1: the best candidate alone) and only its ensemble is scored on test;
 `recipe.ensemble` in results.json records the members, the validation value
-per m and the test metrics (also in workdir/ensemble.json, reused on a rerun). The test split is evaluated by every candidate but
+per m and the test metrics (also in workdir/ensemble.json, reused on a rerun). With a
+`recipe.logit_adjust` grid, the result (ensemble or best candidate) is then re-scored by
+z(x, y) - tau log pi_y for each tau on validation and the best tau kept (`choose_logit_adjust`;
+workdir/logit_adjust.json). The test split is evaluated by every candidate but
 never read to choose. Finished candidates are reused and interrupted ones
 resume, so the recipe resumes like a single run.
 
@@ -34,7 +37,7 @@ from absl import logging
 from snm_jax.data.datasets import num_nonzero
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax import sharding
-from snm_jax.train import ensemble, loop, reuse
+from snm_jax.train import ensemble, logit_adjust, loop, reuse
 from snm_jax.train.host import is_writer
 # AUTO, the placeholder test and the `recipe.search` parser live with the overrides (builders validates
 # recipe.search with them); parse_search is re-exported here.
@@ -260,7 +263,15 @@ def run(config, workdir) -> dict:
     record["ensemble"] = ens
     if ens["m"] > 1:  # else the best candidate alone, its results as they are
       chosen = {**chosen, "final": ens["test"]}
-  if config.recipe.refit:
+  taus = logit_adjust_grid(config)
+  if len(taus) > 1:
+    members = record["ensemble"]["members"] if max_members > 1 else [best["name"]]
+    adjust = _logit_adjust_or_load(config, run_data, members,
+                                   {n: _apply(config, fields_of[n]) for n in members}, workdir, taus)
+    record["logit_adjust"] = adjust
+    if adjust["tau"] > 0:  # else the model / ensemble unadjusted, its test metrics as they are
+      chosen = {**chosen, "final": adjust["test"]}
+  if config.recipe.refit:  # (builders.validate refuses it with an ensemble or a logit adjustment)
     # The chosen settings retrained on the whole training file (validation part included) for the
     # selected number of steps, the schedule ending there (scikit-learn's GridSearchCV(refit=True)).
     # Nothing is chosen from this run: it is decided before any result is seen.
@@ -314,11 +325,64 @@ def choose_ensemble(config, run_data, table: list[dict], configs: dict, workdir,
   return record
 
 
+def logit_adjust_grid(config) -> tuple[float, ...]:
+  """The taus of `recipe.logit_adjust` ("" = off), ascending, 0 (no adjustment) always included."""
+  return logit_adjust.parse_grid(config.recipe.get("logit_adjust", ""))
+
+
+def choose_logit_adjust(config, run_data, members: list[str], configs: dict, workdir,
+                        taus: tuple[float, ...], evaluate_fn=None) -> dict:
+  """Menon et al.'s post-hoc logit adjustment (`snm_jax.train.logit_adjust`) of the chosen model or
+  ensemble: score(x, y) = z(x, y) - tau log pi_y, pi_y the label's Laplace-smoothed frequency in
+  the TRAINING part (`logit_adjust.log_label_prior`; the validation part is not counted), tau in
+  `taus` chosen on validation `eval.select_metric` (ties: the smaller tau, so tau = 0, no
+  adjustment, wins unless validation prefers another); only the chosen tau > 0 is scored on test.
+
+  z is the sum of the members' logits, each on its own scale (the ensemble), so tau's meaning is
+  per run; that is why it is chosen on validation per run. `evaluate_fn(names, split, label_bias)
+  -> metrics` replaces the real evaluation (tests). Returns the record written to
+  results.json["recipe"]["logit_adjust"]."""
+  select = config.eval.select_metric
+  if evaluate_fn is None:
+    evaluate_fn = _ensemble_evaluator(run_data, configs, workdir)
+  log_prior = logit_adjust.log_label_prior(run_data.train.labels)
+  validation = []
+  for tau in taus:
+    metrics = evaluate_fn(members, "validation", -tau * log_prior)
+    validation.append({"tau": tau, "value": metrics[select],
+                       "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)}})
+  best = max(validation, key=lambda v: (v["value"], -v["tau"]))
+  record = {"members": list(members), "taus": list(taus), "select_metric": select,
+            "validation": validation, "tau": best["tau"]}
+  if best["tau"] > 0:
+    record["test"] = evaluate_fn(members, "test", -best["tau"] * log_prior)
+  return record
+
+
+def _logit_adjust_or_load(config, run_data, members, configs, workdir, taus) -> dict:
+  """`choose_logit_adjust`, or its record in workdir/logit_adjust.json when it was made for the
+  same members, taus and selection metric."""
+  path = workdir / "logit_adjust.json"
+  if path.exists():
+    saved = json.loads(path.read_text())
+    if (saved.get("members") == list(members) and saved.get("taus") == list(taus)
+        and saved.get("select_metric") == config.eval.select_metric):
+      logging.info("[logit adjust] reusing %s", path)
+      return saved
+  record = choose_logit_adjust(config, run_data, members, configs, workdir, taus)
+  logging.info("[logit adjust] validation %s per tau %s: %s; chosen tau = %g", config.eval.select_metric,
+               list(taus), [round(v["value"], 4) for v in record["validation"]], record["tau"])
+  if is_writer():
+    write_text(path, json.dumps(record, indent=2, sort_keys=True))
+  return record
+
+
 def _ensemble_evaluator(run_data, configs: dict, workdir):
-  """`evaluate(names, split)` of the ensemble of the named candidates, each restored once."""
+  """`evaluate(names, split, label_bias=None)` of the ensemble of the named candidates (one name:
+  that candidate), each restored once; label_bias (K,) is added to the summed logits."""
   loaded = {}
 
-  def evaluate(names, split):
+  def evaluate(names, split, label_bias=None):
     first = configs[names[0]]
     mesh = sharding.make_mesh(first.mesh.shape)
     for n in names:
@@ -327,7 +391,7 @@ def _ensemble_evaluator(run_data, configs: dict, workdir):
                                          run_data.num_features)
     batching = loaded[names[0]][1]
     return ensemble.make_ensemble_evaluate(first, run_data, split, [loaded[n][0] for n in names],
-                                           batching, mesh)()
+                                           batching, mesh, label_bias=label_bias)()
 
   return evaluate
 
