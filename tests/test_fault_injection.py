@@ -37,7 +37,7 @@ STEPS, EVERY = 400, 20
 OVERRIDES = {"dataset.name": "synthetic", "mesh.shape": (1, 1), "train.num_steps": STEPS,
              "train.checkpoint_every": EVERY, "train.eval_every": 0, "train.log_every": EVERY,
              "train.keep_checkpoints": 3}
-KILLS = 5
+KILLS = 3  # each kill + resume is two process start-ups (~10 s); the other kill test is in test_train_loop
 
 
 def _flag(value) -> str:
