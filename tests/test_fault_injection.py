@@ -71,18 +71,18 @@ def _wait_for_first_checkpoint(proc, workdir, timeout=120) -> float:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  """The uninterrupted run: its fingerprint, and how long it trains after its first checkpoint."""
+  """The uninterrupted run: its results.json, and how long it trains after its first checkpoint."""
   workdir = tmp_path_factory.mktemp("fi") / "reference"
   proc = _start(workdir)
   t_first = _wait_for_first_checkpoint(proc, workdir)
   _, err = proc.communicate(timeout=300)
   window = time.perf_counter() - t_first
   assert proc.returncode == 0, err
-  return json.loads((workdir / "results.json").read_text())["state_fingerprint"], window
+  return json.loads((workdir / "results.json").read_text()), window
 
 
 def test_sigkill_at_random_moments_then_resume_is_bitwise_identical(reference, tmp_path):
-  fingerprint, window = reference
+  full, window = reference
   rng = random.Random(18)
   killed, outcomes = 0, []
   for trial in range(3 * KILLS):
@@ -104,7 +104,8 @@ def test_sigkill_at_random_moments_then_resume_is_bitwise_identical(reference, t
     result = json.loads((workdir / "results.json").read_text())
     outcomes.append((was_killed, steps[-1] if steps else None, partial))
     assert result["steps"] == STEPS
-    assert result["state_fingerprint"] == fingerprint, outcomes
+    assert result["state_fingerprint"] == full["state_fingerprint"], outcomes
+    assert result["final"] == {**full["final"], "eval_seconds": result["final"]["eval_seconds"]}
   assert killed == KILLS, f"only {killed} runs were killed mid-run: {outcomes}"
   print(f"\n{killed} SIGKILLs, (killed, newest checkpoint, partial files) per trial: {outcomes}")
 
@@ -154,7 +155,7 @@ CORRUPTIONS = {"truncate": _truncate, "random_bytes": _random_bytes, "bit_flip":
 def finished_run(tmp_path_factory, reference):
   workdir = tmp_path_factory.mktemp("fi") / "finished"
   out = train_and_evaluate(_config(), workdir)
-  assert out["state_fingerprint"] == reference[0]  # in-process == the CLI run
+  assert out["state_fingerprint"] == reference[0]["state_fingerprint"]  # in-process == the CLI run
   return workdir
 
 
@@ -170,4 +171,4 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
   assert (workdir / "checkpoints.corrupt" / str(STEPS)).is_dir()
   assert any(f"checkpoint at step {STEPS}" in r.getMessage() and "unreadable" in r.getMessage()
              for r in caplog.records)
-  assert out["steps"] == STEPS and out["state_fingerprint"] == reference[0]
+  assert out["steps"] == STEPS and out["state_fingerprint"] == reference[0]["state_fingerprint"]

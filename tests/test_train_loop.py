@@ -1,21 +1,14 @@
 """train_and_evaluate end to end: learning, config errors, non-finite handling,
-kill-and-resume bit equality, corrupt-checkpoint fallback."""
+corrupt-checkpoint fallback (kill-and-resume: test_fault_injection.py)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train.loop import train_and_evaluate
 import run_configs
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def synthetic_config(**overrides):
@@ -71,41 +64,6 @@ def test_nonfinite_skip_mode_counts_and_finishes(tmp_path):
                           "train.on_nonfinite": "skip"})
   out = train_and_evaluate(c, tmp_path)
   assert out["nonfinite_steps"] == 3
-
-
-def _train_cmd(workdir, steps):
-  return [sys.executable, "-m", "experiments.train",
-          "--config=experiments/configs/default.py:runlocal", f"--workdir={workdir}",
-          "--config.dataset.name=synthetic", "--config.mesh.shape=(1,1)",
-          f"--config.train.num_steps={steps}", "--config.train.checkpoint_every=25",
-          "--config.train.eval_every=0", "--config.train.log_every=25"]
-
-
-@pytest.mark.slow
-def test_sigkill_and_resume_gives_bitwise_identical_state(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-  steps = 400
-  subprocess.run(_train_cmd(tmp_path / "full", steps), cwd=REPO, env=env, check=True,
-                 capture_output=True)
-  proc = subprocess.Popen(_train_cmd(tmp_path / "killed", steps), cwd=REPO, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  ckpts = tmp_path / "killed" / "checkpoints"
-  deadline = time.time() + 300
-  while time.time() < deadline and proc.poll() is None:
-    if ckpts.is_dir() and any(p.name.isdigit() and int(p.name) >= 50 for p in ckpts.iterdir()):
-      proc.send_signal(signal.SIGKILL)
-      break
-    time.sleep(0.02)
-  proc.wait()
-  assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-  assert not (tmp_path / "killed" / "results.json").exists()
-  subprocess.run(_train_cmd(tmp_path / "killed", steps), cwd=REPO, env=env, check=True,
-                 capture_output=True)
-  full = json.loads((tmp_path / "full" / "results.json").read_text())
-  resumed = json.loads((tmp_path / "killed" / "results.json").read_text())
-  assert resumed["steps"] == full["steps"] == steps
-  assert resumed["state_fingerprint"] == full["state_fingerprint"]
-  assert resumed["final"] == {**full["final"], "eval_seconds": resumed["final"]["eval_seconds"]}
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path):
