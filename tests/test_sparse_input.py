@@ -371,3 +371,8 @@ def test_resuming_an_older_workdir_with_a_sparse_input_table_is_refused():
     check_resume_config(saved, new, "the workdir")
   assert e.value.field == "model.input_update"
   check_resume_config(saved, _config(**{"model.input_update": "dense"}).to_dict(), "the workdir")
+  # Where no model has a gathered bag the field is inert: an older workdir resumes under the default.
+  for inert in ({"model.bag_matmul": "dense"}, {"model.kind": "linear"}):
+    old = _config(**inert).to_dict()
+    del old["model"]["input_update"]
+    check_resume_config(old, _config(**inert).to_dict(), "the workdir")

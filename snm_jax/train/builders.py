@@ -701,10 +701,15 @@ def sparse_input_table(config) -> bool:
   and mlp have no input table; a dense-matmul bag (bag_matmul="dense", or "auto" before a recipe
   resolves it) is a dense layer whose gradient is the whole table, updated by optax; the
   retrieval task's tower has no EmbeddingBag."""
+  return gathered_bag(config) and _field(config.model, "input_update", "dense") == "sparse"
+
+
+def gathered_bag(config) -> bool:
+  """True when the model has a gathered EmbeddingBag (snm_tower or wide_deep, bag_matmul="gather",
+  classification): the only models `model.input_update` applies to."""
   m = config.model
   return (_field(config, "task", "classification") == "classification" and m.kind in BAG_KINDS
-          and _field(m, "bag_matmul", "gather") == "gather"
-          and _field(m, "input_update", "dense") == "sparse")
+          and _field(m, "bag_matmul", "gather") == "gather")
 
 
 def make_input_table(config, mesh) -> InputTable | None:

@@ -24,12 +24,14 @@ import hashlib
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
 from snm_jax.errors import CheckpointError, ConfigError
+from snm_jax.train import builders
 from snm_jax.train.host import is_writer, to_host
 from snm_jax.train.overrides import RENAMED_FIELDS
 from snm_jax.train.workpath import workdir_path
@@ -233,7 +235,16 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, object, object
   its old name (RENAMED_FIELDS) is compared under the new one."""
   a, b = _current_names(_flatten(saved)), _flatten(new)
   a = {**{f: v for f, v in ADDED_FIELDS.items() if f in b}, **a}
-  return sorted((f, a[f], b[f]) for f in a.keys() & b.keys() if a[f] != b[f])
+  inert = _inert_fields(saved, new)
+  return sorted((f, a[f], b[f]) for f in a.keys() & b.keys() if a[f] != b[f] and f not in inert)
+
+
+def _inert_fields(saved: dict, new: dict) -> set[str]:
+  """Fields that change nothing for either config: model.input_update when neither has a gathered
+  EmbeddingBag (e.g. bag_matmul=dense, or the linear model), so a workdir written before the field
+  existed resumes under its new default."""
+  configs = [ml_collections.ConfigDict(c) for c in (saved, new)]
+  return set() if any(builders.gathered_bag(c) for c in configs) else {"model.input_update"}
 
 
 def check_resume_config(saved: dict, new: dict, where) -> None:
