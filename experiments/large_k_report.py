@@ -328,6 +328,16 @@ def _chosen_mark(family: str, best: bool) -> str:
   return "**yes**" if family in large_k_probes.CHOOSING else "best of its family (a check, sets nothing)"
 
 
+def best_probes(rows: dict) -> dict[str, str]:
+  """{family: the probe with the best validation R@5} of rows {probe: [(step, val R@5), ...]}."""
+  best = {}
+  for name, curve in rows.items():
+    family = large_k_probes.PROBES[name][0]
+    if family not in best or max(v for _, v in curve) > max(v for _, v in rows[best[family]]):
+      best[family] = name
+  return best
+
+
 def probes_section(root: epath.Path | None, saved: epath.Path) -> list[str]:
   """The hyper-parameter probes (large_k_probes.py): each probe's validation R@5 by step, and the
   family's choice. Reads root/<probe>/seed0/results.json (kept in `saved`), else `saved`."""
@@ -342,11 +352,7 @@ def probes_section(root: epath.Path | None, saved: epath.Path) -> list[str]:
     rows = {k: [tuple(x) for x in v] for k, v in json.loads(saved.read_text()).items()}
   if not rows:
     return []
-  best = {}
-  for name, curve in rows.items():
-    family = large_k_probes.PROBES[name][0]
-    if family not in best or max(v for _, v in curve) > max(v for _, v in rows[best[family]]):
-      best[family] = name
+  best = best_probes(rows)
   steps = sorted({s for curve in rows.values() for s, _ in curve})
   md = ["## Shared settings, chosen on validation", "",
         f"`experiments/sweeps/large_k_probes.py`: {large_k_probes.PROBE_STEPS} steps of the K = 10^5 problem, "

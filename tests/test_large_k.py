@@ -140,11 +140,7 @@ def test_probes_section_picks_each_familys_best_validation_value(tmp_path):
 def test_sweep_scales_are_the_committed_validation_choice():
   from experiments.sweeps import large_k_probes  # pylint: disable=g-import-not-at-top
   saved = json.loads((large_k.REPO / "results" / "large_k" / "probes.json").read_text())
-  best = {}
-  for name, curve in saved.items():
-    family = large_k_probes.PROBES[name][0]
-    if family not in best or max(v for _, v in curve) > max(v for _, v in saved[best[family]]):
-      best[family] = name
+  best = large_k_report.best_probes(saved)
   scale = {f: large_k_probes.PROBES[best[f]][1]["loss.logit_scale"] for f in large_k_probes.CHOOSING}
   assert scale == {"snm": large_k.SNM_SCALE, "softmax": large_k.SOFTMAX_SCALE, "ns": large_k.NS_SCALE}
   points = {p.name: p.overrides for p in load_sweep("experiments/sweeps/large_k.py:1e5").points}

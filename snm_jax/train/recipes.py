@@ -255,8 +255,6 @@ def run(config, workdir) -> dict:
   if diverged:
     record["diverged"] = diverged
   max_members = ensemble_size(config, len(table))
-  if max_members > 1 and config.recipe.refit:
-    raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit (recipe.refit=True)")
   if max_members > 1:
     ens = _ensemble_or_load(config, run_data, table, {n: _apply(config, f) for n, f in fields_of.items()},
                             workdir, max_members)
