@@ -27,6 +27,11 @@ parameters:
     compare with the faster of the two (`torch_best`);
   * matmul: the float32 4096^3 matmul of `benchmarks.common`, the machine's peak in the same rounds.
 
+The input-dimension sweep (`run_input_sweep`, `summary.input_sweep`): the snm-jax sparse-input step
+and the torch steps on benchmarks/step_scaling.py's input-sweep workload (K = 10^4, tower width 128)
+at d = 10^4, 10^5, 10^6, all in the same rounds: each one's t(10^6) / t(10^4), torch's being the
+reference for what this machine's memory system costs as the touched rows spread over a larger table.
+
 The snm-jax sparse step, the torch steps and the matmul share rounds; the dense-input step is
 timed in rounds of its own (it writes GBs per step and would slow whatever follows it).
 
@@ -79,9 +84,17 @@ class Workload:
 
 
 SIZES = {
-    "small": dict(workload=Workload(num_features=20_000, b=1024), ks=(10**4,), reps=10),
-    "full": dict(workload=Workload(), ks=(10**5, 10**6), reps=20),
+    "small": dict(workload=Workload(num_features=20_000, b=1024), ks=(10**4,), reps=10,
+                  input_ds=(10**3, 10**4)),
+    "full": dict(workload=Workload(), ks=(10**5, 10**6), reps=20, input_ds=(10**4, 10**5, 10**6)),
 }
+# The input-dimension sweep (`run_input_sweep`): the workload of benchmarks/step_scaling.py's input
+# sweep (K = 10^4, tower 128 -> 128, nnz 64, B = 4,096, k = 16), d varied, the snm-jax sparse-input
+# step and PyTorch's sparse EmbeddingBag step timed in the same rounds: torch's own t(d_max) / t(d_min)
+# is the reference for snm-jax's (issue 17's target <= 1.2), i.e. how much of the growth with d is
+# this machine's memory system (the touched rows' cache and TLB misses) rather than either step.
+INPUT_SWEEP_K = 10**4
+INPUT_SWEEP_WORKLOAD = Workload(hidden=128)
 TORCH_THREADS = (1, 2)
 LOSS_TOL = 1e-5
 PARAM_TOL = 1e-5
@@ -289,6 +302,46 @@ def run_k(w: Workload, num_labels: int, reps: int) -> tuple[list, dict, dict]:
   return rows, check, peak
 
 
+def run_input_sweep(w: Workload, ds, num_labels: int, reps: int) -> tuple[list, dict]:
+  """The snm-jax sparse-input step and the torch steps at every d of `ds`, all timed in the same
+  rounds; returns (rows, {contestant: t(max d) / t(min d)})."""
+  fns, keep = {}, []
+  for d in ds:
+    wd = dataclasses.replace(w, num_features=d)
+    params, batch = initial_params(wd, num_labels), common.random_batch(wd, num_labels)
+    js = JaxStep(wd, num_labels, params, sparse=True)
+    keep.append(js)
+    args = (js.device_batch(batch), jax.random.key(1))
+
+    def run_jax(js=js, args=args):
+      js.state, metrics = js.step(js.state, *args)
+      return js.state, metrics
+    fns[("snm_jax_sparse_input", d)] = run_jax
+    if torch is not None:
+      tb = torch_batch(batch)
+      for threads in TORCH_THREADS:
+        ts = TorchStep(wd, num_labels, params)
+
+        def run_torch(ts=ts, tb=tb, threads=threads):
+          torch.set_num_threads(threads)
+          return ts.step(tb).item()
+        fns[(f"torch_threads{threads}", d)] = run_torch
+    del params
+  threads0 = torch.get_num_threads() if torch is not None else None
+  times = common.time_interleaved(fns, reps=reps)
+  if torch is not None:
+    torch.set_num_threads(threads0)
+  for js in keep:
+    js.free()
+  rows = [{"contestant": name, "d": d, "K": num_labels, "time_ms": 1e3 * t["median_s"],
+           "min_ms": 1e3 * t["min_s"], "max_ms": 1e3 * t["max_s"], "reps": t["reps"]}
+          for (name, d), t in times.items()]
+  at = {(r["contestant"], r["d"]): r["time_ms"] for r in rows}
+  lo, hi = min(ds), max(ds)
+  ratios = {name: at[(name, hi)] / at[(name, lo)] for name, d in at if d == lo}
+  return rows, {"d": (hi, lo), "time_ratio": ratios}
+
+
 def run(size: str = "small", out_dir: str | None = None) -> dict:
   cfg = SIZES[size]
   w = cfg["workload"]
@@ -306,15 +359,17 @@ def run(size: str = "small", out_dir: str | None = None) -> dict:
     if ratio is not None:
       summary[f"target_K{k}"] = {"snm_jax_over_torch": ratio, "target": "<= 1.0", "met": ratio <= 1.0,
                                  "stretch": "<= 0.8", "stretch_met": ratio <= 0.8}
+  input_rows, summary["input_sweep"] = run_input_sweep(INPUT_SWEEP_WORKLOAD, cfg["input_ds"], INPUT_SWEEP_K,
+                                                       cfg["reps"])
   notes = [] if torch is not None else ["torch not installed: only the snm-jax steps were timed"]
   return common.report(
-      "peers", size, {**dataclasses.asdict(w), "ks": cfg["ks"], "reps": cfg["reps"],
+      "peers", size, {**dataclasses.asdict(w), "ks": cfg["ks"], "reps": cfg["reps"], "input_ds": cfg["input_ds"],
                       "torch": getattr(torch, "__version__", None),
                       "torch_threads": TORCH_THREADS if torch is not None else None},
       rows, ["contestant", "K", "time_ms", "min_ms", "max_ms", "over_torch_best"],
       {"gflops": min(p["gflops"] for p in peaks.values()), "per_K": peaks,
        "source": "the matmul timed in the same rounds"}, notes, out_dir,
-      extra={"summary": summary, "same_step_check": checks,
+      extra={"summary": summary, "same_step_check": checks, "input_sweep_rows": input_rows,
              "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}})
 
 

@@ -152,6 +152,16 @@ def _final(runs, point, key):
   return [r["final"][key] for r in runs[point].values() if key in r["final"]]
 
 
+def _validation(runs, point, key):
+  """`val/<key>` of each seed's evaluation at its selected step (runs with a validation split)."""
+  out = []
+  for r in runs[point].values():
+    step = r.get("selected", {}).get("step")
+    at = [h for h in r.get("history", []) if h.get("step") == step and f"val/{key}" in h]
+    out += [at[-1][f"val/{key}"]] if at else []
+  return out
+
+
 def _recall(runs, point, sub):
   key = "recall@r" if sub == "all" else f"recall@r/{sub}"
   return [r["final"][key] for r in runs[point].values() if key in r["final"]]
@@ -194,6 +204,11 @@ def render(sweep: Sweep, runs: dict, failed: dict, figures: dict) -> str:
   if failed:
     md.append("")
 
+  if any(_validation(runs, p.name, m) for p in points for m in metrics):
+    md += ["## Validation metrics (at each run's selected step: what a choice may read)", ""]
+    md += _table(["point"] + metrics, [[p.label] + [fmt(_validation(runs, p.name, m)) for m in metrics]
+                                       for p in points])
+    md.append("")
   md += ["## Final test metrics", ""]
   md += _table(["point"] + metrics, [[p.label] + [fmt(_final(runs, p.name, m)) for m in metrics]
                                      for p in points])

@@ -203,9 +203,19 @@ def test_steady_cost_and_class_accuracy_formulas():
   assert report.class_accuracy(final) == pytest.approx({"all": 0.6, "head": 0.875, "tail": 0.2})
 
 
+def test_validation_table_reads_each_seed_at_its_selected_step():
+  def run(selected, values):
+    return {"selected": {"step": selected},
+            "history": [{"step": s, "val/P@1": v, "P@1": 0.0} for s, v in values.items()]}
+  runs = {"a": {0: run(20, {10: 0.5, 20: 0.7}), 1: run(10, {10: 0.4, 20: 0.3}),
+                2: {"selected": {}, "history": []}}}  # no validation split: no entry
+  assert report._validation(runs, "a", "P@1") == [0.7, 0.4]  # pylint: disable=protected-access
+  assert report._validation(runs, "a", "R@5") == []  # pylint: disable=protected-access
+
+
 SHIPPED = ["table2_bibtex.py", "table2_bibtex.py:b16", "table2_bibtex.py:logistic", "table2_delicious.py", "vartheta.py",
            "owl_phi.py", "s2m_table4.py", "s2m_table4.py:synthetic", "digits_s2m.py",
-           "num_samples.py", "synthetic_bayes.py"]
+           "num_samples.py", "synthetic_bayes.py", "bf16_rounding.py"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -53,3 +53,16 @@ def test_sparse_input_step_temporaries_do_not_grow_with_d():
   summary = step_scaling.input_summary(
       [{"variant": "input_sparse", "d": d, "time_ms": 1.0, **m} for d, m in mem.items()], s)
   assert summary["target_input_sparse_temps_flat_in_d"]["met"]
+
+
+def test_input_sweep_times_every_contestant_at_every_d():
+  """`run_input_sweep` on a tiny workload: a row per (contestant, d), and each contestant's ratio is
+  its own t(max d) / t(min d) from those rows."""
+  rows, summary = peers.run_input_sweep(TINY, (300, 3000), num_labels=256, reps=2)
+  names = {"snm_jax_sparse_input"} | ({f"torch_threads{t}" for t in peers.TORCH_THREADS}
+                                      if peers.torch is not None else set())
+  assert {(r["contestant"], r["d"]) for r in rows} == {(n, d) for n in names for d in (300, 3000)}
+  at = {(r["contestant"], r["d"]): r["time_ms"] for r in rows}
+  assert summary["d"] == (3000, 300)
+  assert summary["time_ratio"] == {n: at[(n, 3000)] / at[(n, 300)] for n in names}
+  assert all(r["time_ms"] > 0 and r["reps"] == 2 for r in rows)
