@@ -12,6 +12,9 @@ interrupted one resumes from its last checkpoint (the training loop does
 this by itself), so repeating the command finishes the sweep. A run that
 fails (e.g. a non-finite loss) writes failed.json and is skipped next time
 unless --retry_failed. WORKDIR/sweep.json records the sweep for the report.
+Runs that fit Bamler & Mandt's tree share the fits through WORKDIR/tree_cache
+(`snm_jax.adversarial.cache`: keyed by the fit's inputs, so the tree points of
+one seed, and a resumed run, load the identical tree instead of refitting it).
 
 --print_commands prints, for every unfinished run, the equivalent
 `python -m experiments.train ...` command line (its config overrides as
@@ -48,6 +51,9 @@ _PRINT = flags.DEFINE_bool("print_commands", False, "Print one experiments.train
                            "unfinished run and exit.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Retry runs that left failed.json.")
 _CLEAN = flags.DEFINE_bool("clean_checkpoints", False, "Delete a run's checkpoints once it finished.")
+_TREE_CACHE = flags.DEFINE_string("tree_cache", "default", "Folder of fitted adversarial trees shared by "
+                                  "the runs (snm_jax.adversarial.cache; 'default': WORKDIR/tree_cache; "
+                                  "'none': off).")
 _CACHE = flags.DEFINE_string("compilation_cache", "default", "JAX persistent compilation cache "
                              "folder shared by the runs ('default': WORKDIR/jax_cache; 'none': off).")
 
@@ -105,10 +111,13 @@ def _flag_value(value) -> str:
   return str(value)
 
 
-def train_command(sweep: Sweep, point: Point, seed: int, workdir) -> str:
-  """The `python -m experiments.train` line equivalent to one run of the sweep."""
+def train_command(sweep: Sweep, point: Point, seed: int, workdir, tree_cache=None) -> str:
+  """The `python -m experiments.train` line equivalent to one run of the sweep (sharing the
+  `tree_cache` folder when the run fits an adversarial tree)."""
   args = ["python", "-m", "experiments.train", f"--config={sweep.config}",
           f"--workdir={run_dir(workdir, point, seed)}"]
+  if tree_cache is not None and run_config(sweep, point, seed).mining.sampler == "tree":
+    args.append(f"--tree_cache={tree_cache}")
   args += [f"--config.{k}={_flag_value(v)}" for k, v in sweep.run_overrides(point, seed).items()]
   return " ".join(shlex.quote(a) for a in args)
 
@@ -163,6 +172,14 @@ def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False,
     except OSError as e:  # the run's results are written: a leftover checkpoint is no failure
       logging.warning("could not delete %s: %s", rundir / "checkpoints", e)
   return out
+
+
+def _tree_cache_dir():
+  """--tree_cache as a folder, or None ('none')."""
+  value = _TREE_CACHE.value
+  if value == "none":
+    return None
+  return str(workdir_path(_WORKDIR.value) / "tree_cache") if value == "default" else value
 
 
 def use_compilation_cache(path, min_compile_seconds: float = 0.0) -> tuple:
@@ -238,7 +255,7 @@ def _main(argv):
         if run_status(run_dir(_WORKDIR.value, point, seed)) == "done":
           done += 1
         else:
-          print(train_command(sweep, point, seed, _WORKDIR.value))
+          print(train_command(sweep, point, seed, _WORKDIR.value, _tree_cache_dir()))
     print(f"# {done} finished run(s) omitted", file=sys.stderr)
     return
   from snm_jax.train import quiet_logs  # pylint: disable=g-import-not-at-top
@@ -246,6 +263,9 @@ def _main(argv):
   cache = _CACHE.value
   if cache != "none":
     use_compilation_cache(workdir_path(_WORKDIR.value) / "jax_cache" if cache == "default" else cache)
+  if _tree_cache_dir() is not None:
+    from snm_jax.adversarial import cache as tree_cache  # pylint: disable=g-import-not-at-top
+    tree_cache.use_tree_cache(_tree_cache_dir())
   counts = run_sweep(sweep, _WORKDIR.value, _RETRY.value, _CLEAN.value)
   print(f"sweep {sweep.name}: {counts}; report: python -m experiments.report {_WORKDIR.value}")
 

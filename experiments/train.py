@@ -25,6 +25,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config(
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, results): "
                                "local, or any URI etils.epath reads (gs://bucket/run).")
+_TREE_CACHE = flags.DEFINE_string("tree_cache", "", "Folder of fitted adversarial trees shared by runs "
+                                  "(snm_jax.adversarial.cache: a hit loads the identical fit); '' = off.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 USAGE_ERROR, RUN_ERROR = 2, 1
@@ -76,6 +78,9 @@ def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]} (overrides are --config.<field>=<value>)", USAGE_ERROR)
   quiet_logs.install()
+  if _TREE_CACHE.value:
+    from snm_jax.adversarial import cache  # pylint: disable=g-import-not-at-top
+    cache.use_tree_cache(_TREE_CACHE.value)
   try:
     config = _CONFIG.value
     config.keys()  # a config file that failed to load raises its error on first use

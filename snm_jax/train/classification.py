@@ -67,16 +67,14 @@ def build(config, mesh) -> Task:
   tower, dim = builders.make_tower(config, run_data.num_features)
   table_rows = padded_num_labels(num_labels, config.mining.num_strata)
   schedule = sample_schedule.phases(config)  # ((start_step, B), ...): one phase without a schedule
-  t_fit = time.perf_counter()
-  tree_info = {}
+  tree_info, tree_fit_seconds = {}, 0.0
   if config.mining.sampler == "tree":
-    (sampler, reports), cdf = _fit_tree(config, run_data), None
+    (sampler, reports, tree_fit_seconds, cached), cdf = _fit_tree(config, run_data), None
     tree_info = {"tree_rounds_per_level": [r.iterations for r in reports],
-                 "tree_levels_converged": [r.converged for r in reports]}
+                 "tree_levels_converged": [r.converged for r in reports], "tree_from_cache": cached}
   else:  # B is the first phase's (mining.num_samples_schedule; mining.num_samples without one)
     sampler, cdf = builders.make_sampler(sample_schedule.phase_config(config, schedule[0][1]),
                                          num_labels, run_data.label_counts)
-  tree_fit_seconds = time.perf_counter() - t_fit if config.mining.sampler == "tree" else 0.0
   tx = builders.make_tower_optimizer(config)
   row_opt = builders.make_row_optimizer(config)
   normalize_classes = builders.resolve_normalize_classes(config)
@@ -221,19 +219,31 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
 
 
 def _fit_tree(config, run_data):
-  """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion;
-  returns (sampler, per-level `LevelReport`s)."""
-  from snm_jax.adversarial.training import fit_tree_sampler  # pylint: disable=g-import-not-at-top
+  """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion, or loads
+  the identical fit from the tree cache (`snm_jax.adversarial.cache`); returns (sampler, per-level
+  `LevelReport`s, the fit's wall seconds (the original fit's on a cache hit), whether it hit)."""
+  from snm_jax.adversarial import cache  # pylint: disable=g-import-not-at-top
+  from snm_jax.adversarial.training import TreeTrainingSampler, fit_tree_sampler  # pylint: disable=g-import-not-at-top
   if not 0 < config.adversarial.pca_dim <= run_data.num_features:
     raise ConfigError("adversarial.pca_dim", f"{config.adversarial.pca_dim} must be in "
                       f"[1, num_features={run_data.num_features}]")
   rows, labels = conversion_fn(config.dataset.conversion, run_data.train.labels, config.seed)(0)
+  features = run_data.train.features[rows]
+  settings = dict(pca_dim=config.adversarial.pca_dim, reg=config.adversarial.node_reg,
+                  max_reassign_iters=config.adversarial.max_reassign_iters)
+  key = cache.fit_key(features, labels, run_data.num_labels, **settings) if cache.cache_dir() else None
+  hit = cache.load(key) if key else None
+  if hit is not None:
+    tree, reports, seconds = hit
+    logging.info("adversarial tree loaded from the tree cache %s (fitted in %.1fs)",
+                 cache.cache_dir() / key, seconds)
+    return TreeTrainingSampler(tree=tree, num_samples=config.mining.num_samples), reports, seconds, True
   t0 = time.perf_counter()
-  sampler, reports = fit_tree_sampler(run_data.train.features[rows], labels, run_data.num_labels,
-                             pca_dim=config.adversarial.pca_dim, reg=config.adversarial.node_reg,
-                             num_samples=config.mining.num_samples,
-                             max_reassign_iters=config.adversarial.max_reassign_iters)
+  sampler, reports = fit_tree_sampler(features, labels, run_data.num_labels,
+                                      num_samples=config.mining.num_samples, **settings)
+  seconds = time.perf_counter() - t0
   logging.info("adversarial tree fitted on %d pairs, C=%d, in %.1fs; re-assignment rounds per "
-               "level %s", len(labels), run_data.num_labels, time.perf_counter() - t0,
-               [r.iterations for r in reports])
-  return sampler, reports
+               "level %s", len(labels), run_data.num_labels, seconds, [r.iterations for r in reports])
+  if key:
+    cache.store(key, sampler.tree, reports, seconds)
+  return sampler, reports, seconds, False
