@@ -99,7 +99,7 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[st
            else []),
       _row("xmc without the one-vs-rest candidate (the 6 softmax candidates, with their ensemble step)",
            [r["final"] for r in _seeds(root, "xmc_no_ovr")], _xmc_note(_seeds(root, "xmc_no_ovr"))),
-      _row("xmc, the one-vs-rest candidate alone", [_best_candidate(d, lambda n: n == "ovr") for d in xmc_dirs]),
+      _row("xmc, the one-vs-rest candidate alone", [_best_candidate(d, lambda n: n.startswith("ovr")) for d in xmc_dirs]),
       _row("xmc, linear candidates only (softmax)",
            [_best_candidate(d, lambda n: "kind_linear" in n) for d in xmc_dirs]),
       _row("xmc, wide_deep candidates only",

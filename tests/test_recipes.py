@@ -102,10 +102,13 @@ def test_the_shipped_auto_search_runs_both_models(tmp_path):
   c = tiny_synthetic_recipe(**{"recipe.search": "auto", "recipe.min_steps": 10, "recipe.max_steps": 10})
   res = recipes.run(c, tmp_path)
   names = [t["name"] for t in res["recipe"]["candidates"]]
-  assert len(names) == 7 and sum("wide_deep" in n for n in names) == 3 and names[-1] == "ovr"
-  ovr = json.loads((tmp_path / "candidates" / "ovr" / "config.json").read_text())
+  assert len(names) == 7 and sum("wide_deep" in n for n in names) == 3 and names[-1] == "ovr_pairs"
+  ovr = json.loads((tmp_path / "candidates" / "ovr_pairs" / "config.json").read_text())
   assert (ovr["loss"]["kind"], ovr["loss"]["phi"], ovr["mining"]["sampler"]) == ("bowl", "squared_hinge", "full")
   assert ovr["mining"]["num_samples"] == 64 and ovr["model"]["kind"] == "linear"
+  assert ovr["dataset"]["conversion"] == "expand_all_positives"  # the softmax candidates' stays
+  soft = json.loads((tmp_path / "candidates" / names[0] / "config.json").read_text())
+  assert soft["dataset"]["conversion"] == "sample_one_positive"
   assert res["recipe"]["derived"]["model.bag_matmul"] == "dense"
 
 
@@ -131,7 +134,7 @@ def test_one_vs_rest_candidates_join_the_auto_search_for_small_k():
   points = recipes.candidate_list(c, st, recipes.derive(c, st))
   names = [n for n, _, _ in points]
   assert names[:6] == [f"kind_{m}-learning_rate_x{x}" for m in ("linear", "wide_deep") for x in (0.5, 1, 2)]
-  assert names[6:] == ["ovr"]
+  assert names[6:] == ["ovr_pairs"]
   for (_, _, soft), x in zip(points[:3], (0.5, 1, 2)):
     assert soft["loss.kind"] == "full_softmax" and "mining.k" not in soft
     assert soft["table.learning_rate"] == pytest.approx(0.16 * 256 * x)
@@ -142,10 +145,11 @@ def test_one_vs_rest_candidates_join_the_auto_search_for_small_k():
   assert f["mining.k"] == 2 and f["mining.num_samples"] == 160  # round(2.38); K up to the 8 strata
   assert f["model.kind"] == "linear" and f["loss.logit_scale"] == 1.0
   assert f["table.learning_rate"] == pytest.approx(5.12)  # not scaled with the batch
+  assert f["dataset.conversion"] == "expand_all_positives" and "table.weight_decay" not in f
   # A grid of its own is named per point.
   with mock.patch.object(recipes, "OVR_SEARCH", "table.learning_rate*=0.5,1"):
     ovr = recipes.candidate_list(c, st, recipes.derive(c, st))[6:]
-  assert [n for n, _, _ in ovr] == ["ovr-learning_rate_x0.5", "ovr-learning_rate_x1"]
+  assert [n for n, _, _ in ovr] == ["ovr_pairs-learning_rate_x0.5", "ovr_pairs-learning_rate_x1"]
   assert ovr[0][2]["table.learning_rate"] == pytest.approx(2.56)
   # Delicious-like: k = round(19.06).
   st = stats(labels_per_point=19.06)
@@ -170,7 +174,7 @@ def test_no_one_vs_rest_candidates_outside_their_range(case):
   c.lock()
   derived = recipes.derive(c, st)
   assert recipes.ovr_settings(c, st, derived) is None
-  assert not any(n.startswith("ovr-") for n, _, _ in recipes.candidate_list(c, st, derived))
+  assert not any(n.startswith(recipes.OVR_NAME) for n, _, _ in recipes.candidate_list(c, st, derived))
 
 
 def test_one_vs_rest_candidate_builds_the_squared_hinge_ovr_loss():
@@ -202,6 +206,47 @@ def test_one_vs_rest_candidate_builds_the_squared_hinge_ovr_loss():
   sq = lambda u: np.maximum(1.0 - u, 0.0) ** 2
   want = sq(pos) + (num_k - 1) / (k * b) * np.where(valid, sq(-scores), 0.0).sum(-1)
   np.testing.assert_allclose(np.asarray(loss), want, rtol=1e-5)
+
+
+def test_one_vs_rest_pairs_weigh_every_positive_once():
+  """Summed over a point's examples, expand_all_positives gives LinearSVC's per-label weighting of
+  the positives, sum_{y in Y} sq_hinge(v_y) + |Y| c sum_{j not in Y} sq_hinge(-v_j), c = (K-1)/(kB)
+  (one drawn positive per point weighs each 1/|Y| instead: recipes.OVR_LOSS_SETTINGS)."""
+  import numpy as np
+  import scipy.sparse as sp
+  from snm_jax.data import conversions
+  from snm_jax.losses import registry
+  from snm_jax.train import builders
+  from snm_jax.train.overrides import with_overrides
+
+  c = xmc.get_config("bibtex")
+  st = stats(**BIBTEX_LIKE)
+  num_k, b = st.num_labels, 160
+  rng = np.random.default_rng(1)
+  label_sets = [np.sort(rng.choice(num_k, size=m, replace=False)) for m in (1, 3, 6)]
+  labels = sp.csr_matrix((np.ones(10), np.concatenate(label_sets), [0, 1, 4, 10]), shape=(3, num_k))
+  scores = (rng.normal(size=(3, b)) * 1.5).astype(np.float32)
+  negative = np.broadcast_to(np.arange(b) < num_k, (3, b)).copy()
+  for i, s in enumerate(label_sets):
+    negative[i, s] = False
+  sq = lambda u: np.maximum(1.0 - u, 0.0) ** 2
+  neg_sum = np.where(negative, sq(-scores), 0.0).sum(-1)
+  pos_sum = np.array([sq(scores[i, s]).sum() for i, s in enumerate(label_sets)])
+  sizes = np.array([len(s) for s in label_sets])
+
+  def per_point(name, rows, pos_ids):
+    fields = dict(next(f for n, _, f in recipes.candidate_list(c, st, recipes.derive(c, st)) if n == name))
+    cand = with_overrides(c, {**fields, "recipe.name": ""})
+    spec = builders.make_loss_spec(cand, num_k)
+    pos = scores[rows, pos_ids]
+    loss, _ = registry.get_loss("bowl")(pos, scores[rows], negative[rows], np.zeros((len(rows), b)),
+                                        np.zeros(len(rows)), spec=spec, num_samples=b, axis_name=None,
+                                        score_at=None)
+    return np.bincount(rows, np.asarray(loss, np.float64), minlength=3), spec.tail
+
+  got, cneg = per_point("ovr_pairs", *conversions.expand_all_positives(labels))
+  assert cneg == pytest.approx((num_k - 1) / (2 * b))
+  np.testing.assert_allclose(got, pos_sum + sizes * cneg * neg_sum, rtol=1e-5)
 
 
 def test_a_diverged_candidate_is_left_out_not_fatal(tmp_path):

@@ -27,14 +27,15 @@ are derived from the data's statistics:
                        stable on the Bibtex and Delicious validation splits), cosine-decayed;
 and one run per point of `recipe.search` ("auto": the model as above x the table learning rate
 x {0.5, 1, 2}, 6 candidates) is trained, each keeping its best validation checkpoint. With the
-linear model and K <= 2^14, "auto" adds one one-vs-rest candidate, "ovr" (recipes.ovr_settings): the
-linear model trained with a per-label binary loss over every label -- BOWL (Reddi et al.) with a
+linear model and K <= 2^14, "auto" adds one one-vs-rest candidate, "ovr_pairs" (recipes.ovr_settings):
+the linear model trained with a per-label binary loss over every label -- BOWL (Reddi et al.) with a
 constant theta and the squared hinge, scored exactly over all K (loss.kind=bowl, loss.phi=
 squared_hinge, mining.sampler=full, mining.vartheta=negative_sampling with the "expectation" norm,
-so each negative weighs ~1/mining.k), mining.k = the mean number of labels per point (rounded: a
-point's sampled positive against its negatives as LinearSVC's per-label sum weighs them) and the
-table learning rate 5.12, not scaled with the batch size (the squared hinge's curvature does not
-saturate: 10.24 diverged on Bibtex). A candidate whose loss turns non-finite is left out
+so each negative weighs ~1/mining.k), mining.k = the mean number of labels per point (rounded), on
+every (point, positive label) pair (dataset.conversion=expand_all_positives: every positive weighs 1
+as in LinearSVC's per-label sums; one drawn positive per point would weigh each 1/|Y_i|), no weight
+decay, and the table learning rate 5.12, not scaled with the batch size (the squared hinge's
+curvature does not saturate: 10.24 diverged on Bibtex). A candidate whose loss turns non-finite is left out
 (recipe.diverged in results.json), not fatal. The candidate
 with the best validation nDCG@5 is the best single model (each candidate's checkpoint is selected on
 it too). Last, the ensembles of the top m = 1..recipe.ensemble (3) candidates by validation are
@@ -83,14 +84,15 @@ def get_config(arg: str = ""):
   # Bibtex, 3 seeds, 62.02 / 28.31 / 57.80 against 62.02 / 28.25 / 57.71. Up to all 6 members was
   # worse on Bibtex (61.41 / 28.20 / 57.40): the weaker candidates dilute the sum.
   c.recipe.ensemble = 3
-  # recipe.search "auto" also trains the one-vs-rest candidate "ovr" (squared-hinge BOWL over every
-  # label; recipes.ovr_settings) while K <= 2^14 with the linear model. Alone it trails the softmax
-  # candidates on P@5 / PSP@5 (Bibtex carve, seed 0: 27.4 / 56.1 against 28.7 / 58.7); it joins the
-  # chosen ensemble on some seeds. On the 90/10 carves: Bibtex (5 seeds) P@1 / P@5 / PSP@5 62.34 /
-  # 28.25 / 57.71 with it against 62.09 / 28.22 / 57.62 without (in the ensemble on 2 seeds), within
-  # noise; Delicious (2 seeds) unchanged, 70.67 / 59.61 / 35.81 (it never reached the top 3). The
-  # logits are summed raw (an OvR member's logit std is ~0.25 against ~1.6 for a softmax one):
-  # standardising each member by its validation logit std was worse on Bibtex (3 seeds: 62.16 /
+  # recipe.search "auto" also trains the one-vs-rest candidate "ovr_pairs" (squared-hinge BOWL over
+  # every label, on every (point, positive) pair; recipes.ovr_settings) while K <= 2^14 with the
+  # linear model. On the 90/10 carves: alone, Bibtex (3 seeds) P@1 / P@5 / PSP@5 63.46 / 28.13 / 57.68,
+  # level with scikit-learn's OvR LinearSVC (C chosen on the same validation: 63.52 / 28.20 / 57.43);
+  # the recipe with it, Bibtex (5 seeds) 62.66 / 28.30 / 57.90 (in the chosen ensemble on every seed)
+  # against 62.09 / 28.22 / 57.62 without a one-vs-rest candidate and 62.34 / 28.25 / 57.71 with the
+  # earlier one trained on one drawn positive per point ("ovr"); Delicious (2 seeds) unchanged, 70.67
+  # / 59.61 / 35.81 (never in the top 3). The one-vs-rest logits are summed raw (an OvR member's
+  # logit std is ~0.25 against ~1.6 for a softmax one): standardising each member by its validation logit std was worse on Bibtex (3 seeds: 62.16 /
   # 28.13 / 57.44 against 62.16 / 28.39 / 58.00 raw).
   # Post-hoc logit adjustment (Menon et al. 2021; snm_jax/train/logit_adjust.py) of the chosen model /
   # ensemble, score - tau log prior(y) with tau chosen on validation nDCG@5, is available but OFF
