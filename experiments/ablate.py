@@ -200,6 +200,20 @@ def use_compilation_cache(path, min_compile_seconds: float = 0.0) -> tuple:
   return previous
 
 
+def check_finished_runs(sweep: Sweep, workdir, base=None) -> None:
+  """Raises ConfigError (naming the run and the field) when a finished run's config.json is not
+  the config the sweep now gives it (`checkpointing.check_finished_config`): an edited sweep
+  never silently keeps results of the old settings. Checked for every run before any trains."""
+  from snm_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  for point in sweep.points:
+    for seed in sweep.seeds:
+      rundir = run_dir(workdir, point, seed)
+      if run_status(rundir) == "done" and (rundir / "config.json").exists():
+        checkpointing.check_finished_config(
+            json.loads((rundir / "config.json").read_text()),
+            json.loads(run_config(sweep, point, seed, base).to_json_best_effort()), rundir)
+
+
 def run_sweep(sweep: Sweep, workdir, retry_failed: bool = False, clean: bool = False,
               log=print) -> dict:
   """Runs every unfinished point x seed in order. Returns {status: count}."""
@@ -207,6 +221,7 @@ def run_sweep(sweep: Sweep, workdir, retry_failed: bool = False, clean: bool = F
   base = load_config(sweep.config)
   counts = {"skipped": 0, "ran": 0, "failed": 0}
   runs = [(p, s) for p in sweep.points for s in sweep.seeds]
+  check_finished_runs(sweep, workdir, base)
   for i, (point, seed) in enumerate(runs):
     rundir = run_dir(workdir, point, seed)
     status = run_status(rundir)

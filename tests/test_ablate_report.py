@@ -2,6 +2,7 @@
 (runs, skip of finished runs, resume from a checkpoint), the printed command
 lines, and the report's numbers against the results.json files."""
 
+import dataclasses
 import json
 import re
 import shlex
@@ -269,3 +270,16 @@ def test_sweep_json_keeps_points_of_partial_calls(sweep_file, tmp_path):
   merged = spec.Sweep.from_json(json.loads((tmp_path / "sweep.json").read_text()))
   assert [p.name for p in merged.points] == ["ns", "k1"]
   assert merged.seeds == (0, 1, 2) and merged.baseline == "ns"
+
+
+def test_an_edited_sweep_does_not_reuse_finished_runs(finished_sweep):
+  """Every finished run's config.json is checked against the sweep's config for it before any run
+  trains: a changed setting is a ConfigError naming the run and the field, a changed log
+  interval is not."""
+  sweep, workdir, _ = finished_sweep
+  ablate.check_finished_runs(sweep, workdir)
+  ablate.check_finished_runs(dataclasses.replace(
+      sweep, base_overrides={**sweep.base_overrides, "train.log_every": 3}), workdir)
+  edited = dataclasses.replace(sweep, base_overrides={**sweep.base_overrides, "mining.num_samples": 16})
+  with pytest.raises(ConfigError, match=r"mining\.num_samples: saved 32, now 16: .*k1/seed0"):
+    ablate.check_finished_runs(edited, workdir)

@@ -229,3 +229,21 @@ def test_a_nonfinite_gradient_with_a_finite_loss_drops_the_step():
   for a, b in zip(jax.tree.leaves((st.params, st.opt_state, st.table)),
                   jax.tree.leaves((s["state"].params, s["state"].opt_state, s["state"].table))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_finished_run_is_not_reused_for_another_config(tmp_path):
+  """reuse.run_or_load reads results.json back only for the config that wrote it (fields that
+  change no result, e.g. train.log_every or the mesh, may differ); otherwise a ConfigError
+  names the field, and nothing trains."""
+  from snm_jax.train import reuse  # pylint: disable=g-import-not-at-top
+  from run_configs import runlocal  # pylint: disable=g-import-not-at-top
+  config = runlocal()
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  (tmp_path / "results.json").write_text(json.dumps({"final": {"P@1": 0.5}}))
+  never = lambda: pytest.fail("trained instead of reusing")  # noqa: E731
+  assert reuse.run_or_load(tmp_path, never, config=config)["final"] == {"P@1": 0.5}
+  cosmetic = runlocal({"train.log_every": 7, "mesh.shape": (1, 1)})
+  assert reuse.run_or_load(tmp_path, never, config=cosmetic)["final"] == {"P@1": 0.5}
+  with pytest.raises(ConfigError, match=r"mining\.k: saved 1, now 4.*finished run") as e:
+    reuse.run_or_load(tmp_path, never, config=runlocal({"mining.k": 4, "train.num_steps": 3}))
+  assert "train.num_steps" in str(e.value)  # every differing field is named

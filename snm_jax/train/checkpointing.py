@@ -242,9 +242,34 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, object, object
 def _inert_fields(saved: dict, new: dict) -> set[str]:
   """Fields that change nothing for either config: model.input_update when neither has a gathered
   EmbeddingBag (e.g. bag_matmul=dense, or the linear model), so a workdir written before the field
-  existed resumes under its new default."""
+  existed resumes under its new default; the diagnostics' settings when neither runs them
+  (diagnostics.every = 0)."""
   configs = [ml_collections.ConfigDict(c) for c in (saved, new)]
-  return set() if any(builders.gathered_bag(c) for c in configs) else {"model.input_update"}
+  inert = set() if any(builders.gathered_bag(c) for c in configs) else {"model.input_update"}
+  if all(c.get("diagnostics", {}).get("every", 0) == 0 for c in configs):  # no diagnostics run
+    inert |= {f"diagnostics.{k}" for c in configs for k in c.get("diagnostics", {}).keys()}
+  return inert
+
+
+# Fields that change neither the trajectory nor the results a finished run reports (recipe.*: a
+# recipe's candidates are plain runs, recipe.name cleared, which read none of them).
+REUSABLE_FIELDS = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.fingerprint",
+                   "train.on_unreadable_checkpoints", "mesh.", "distributed.", "dataset.data_dir", "recipe.")
+
+
+def check_finished_config(saved: dict, new: dict, where) -> None:
+  """Raises ConfigError when a finished run's saved config.json differs from the config about to
+  reuse its results.json in a field that changes them (anything but REUSABLE_FIELDS; fields added
+  since compare as ADDED_FIELDS): a finished run is never silently taken for another config."""
+  diffs = [d for d in config_differences(saved, new)
+           if not any(d[0].startswith(f) if f.endswith(".") else d[0] == f for f in REUSABLE_FIELDS)]
+  if diffs:
+    field, old, cur = diffs[0]
+    others = "; ".join(f"{f}: saved {o!r}, now {c!r}" for f, o, c in diffs[1:])
+    raise ConfigError(
+        field, f"saved {old!r}, now {cur!r}" + (f" (also differ: {others})" if others else "")
+        + f": {where} holds a finished run (results.json) of the saved config.json, not of this "
+        "config. Use a new workdir, or delete that run's folder to retrain it.")
 
 
 def check_resume_config(saved: dict, new: dict, where) -> None:

@@ -455,7 +455,7 @@ def _run_or_load(config, workdir) -> dict:
     return json.loads(marker.read_text())
   try:
     return reuse.run_or_load(workdir, lambda: loop.train_and_evaluate(config, workdir),
-                             f"candidate {workdir.name}", log=logging.info)
+                             f"candidate {workdir.name}", log=logging.info, config=config)
   except NonFiniteLossError as e:
     logging.warning("[candidate %s] diverged, left out: %s", workdir.name, e)
     out = {"diverged": str(e)}

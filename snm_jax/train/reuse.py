@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from snm_jax.train import checkpointing
 from snm_jax.train.workpath import workdir_path
 
 
@@ -18,12 +19,17 @@ def _say(message: str) -> None:
 
 
 def run_or_load(workdir, train: Callable[[], dict], name: str = "",
-                log: Callable[[str], None] = _say) -> dict:
+                log: Callable[[str], None] = _say, config=None) -> dict:
   """results.json of `workdir` if the run finished there, else `train()` (which resumes from the
-  workdir's checkpoints). `log` gets one line saying which."""
+  workdir's checkpoints). `log` gets one line saying which. With `config`, a finished run whose
+  config.json differs from it in a field that changes results raises ConfigError
+  (`checkpointing.check_finished_config`) instead of being reused."""
   workdir = workdir_path(workdir)
   done = workdir / "results.json"
   name = name or workdir.name
+  if done.exists() and config is not None and (workdir / "config.json").exists():
+    checkpointing.check_finished_config(json.loads((workdir / "config.json").read_text()),
+                                        json.loads(config.to_json_best_effort()), workdir)
   if done.exists():
     log(f"[{name}] reusing {done}")
     return json.loads(done.read_text())

@@ -17,4 +17,4 @@ def train(config, workdir) -> dict:
 
 def run_or_load(config, workdir, name: str = "") -> dict:
   """results.json of `workdir` if the run finished, else trains (resuming) and returns it."""
-  return reuse.run_or_load(workdir, lambda: train(config, workdir), name)
+  return reuse.run_or_load(workdir, lambda: train(config, workdir), name, config=config)
