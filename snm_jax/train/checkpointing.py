@@ -218,8 +218,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 def resumable(field: str) -> bool:
   """True for a field that may change between a run and its resumption (RESUMABLE_FIELDS)."""
-  return field not in NOT_RESUMABLE and any(
-      field.startswith(f) if f.endswith(".") else field == f for f in RESUMABLE_FIELDS)
+  return field not in NOT_RESUMABLE and _listed(field, RESUMABLE_FIELDS)
 
 
 def _current_names(flat: dict) -> dict:
@@ -261,15 +260,24 @@ def check_finished_config(saved: dict, new: dict, where) -> None:
   """Raises ConfigError when a finished run's saved config.json differs from the config about to
   reuse its results.json in a field that changes them (anything but REUSABLE_FIELDS; fields added
   since compare as ADDED_FIELDS): a finished run is never silently taken for another config."""
-  diffs = [d for d in config_differences(saved, new)
-           if not any(d[0].startswith(f) if f.endswith(".") else d[0] == f for f in REUSABLE_FIELDS)]
+  diffs = [d for d in config_differences(saved, new) if not _listed(d[0], REUSABLE_FIELDS)]
   if diffs:
-    field, old, cur = diffs[0]
-    others = "; ".join(f"{f}: saved {o!r}, now {c!r}" for f, o, c in diffs[1:])
-    raise ConfigError(
-        field, f"saved {old!r}, now {cur!r}" + (f" (also differ: {others})" if others else "")
-        + f": {where} holds a finished run (results.json) of the saved config.json, not of this "
-        "config. Use a new workdir, or delete that run's folder to retrain it.")
+    raise _differences_error(diffs, f"{where} holds a finished run (results.json) of the saved "
+                             "config.json, not of this config. Use a new workdir, or delete that "
+                             "run's folder to retrain it.")
+
+
+def _listed(field: str, entries) -> bool:
+  """Whether `field` is one of `entries` (an entry ending in '.' is a whole section)."""
+  return any(field.startswith(f) if f.endswith(".") else field == f for f in entries)
+
+
+def _differences_error(diffs, why: str) -> ConfigError:
+  """The ConfigError naming the first differing field, listing the others, then `why`."""
+  field, old, cur = diffs[0]
+  others = "; ".join(f"{f}: saved {o!r}, now {c!r}" for f, o, c in diffs[1:])
+  return ConfigError(field, f"saved {old!r}, now {cur!r}" + (f" (also differ: {others})" if others else "")
+                     + f": {why}")
 
 
 def check_resume_config(saved: dict, new: dict, where) -> None:
@@ -287,11 +295,8 @@ def check_resume_config(saved: dict, new: dict, where) -> None:
     logging.info("resuming %s with changed fields: %s", where,
                  ", ".join(f"{f} {old!r} -> {cur!r}" for f, old, cur in changed))
   if refused:
-    field, old, cur = refused[0]
-    others = "; ".join(f"{f}: saved {o!r}, now {c!r}" for f, o, c in refused[1:])
-    raise ConfigError(
-        field, f"saved {old!r}, now {cur!r}" + (f" (also differ: {others})" if others else "")
-        + f": {where} holds checkpoints of the saved config.json, and these fields change the "
+    raise _differences_error(
+        refused, f"{where} holds checkpoints of the saved config.json, and these fields change the "
         "state's shapes, the data order or the training. Resume with the saved values (allowed: "
-        f"{old!r}) or use a new --workdir; fields that may change on resume: "
+        f"{refused[0][1]!r}) or use a new --workdir; fields that may change on resume: "
         f"{', '.join(RESUMABLE_FIELDS)} (a '.' entry is a whole section)")
