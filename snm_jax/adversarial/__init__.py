@@ -2,7 +2,7 @@
 
 `fit_projection` -> `fit_tree` -> `TreeTrainingSampler` (`fit_tree_sampler` does all three) for training with
 `adversarial_ns_loss` (Eq. 6); `log_prob_all` / `log_prob_leaf_chunk` /
-`log_prob_chunk` + `debias_scores` (Eq. 5) for prediction.
+`log_prob_leaves` + `debias_scores` (Eq. 5) for prediction.
 """
 
 from snm_jax.adversarial.fit import LevelReport, fit_tree
@@ -16,8 +16,8 @@ from snm_jax.adversarial.tree import (
     leaf_log_probs,
     log_prob,
     log_prob_all,
-    log_prob_chunk,
     log_prob_leaf_chunk,
+    log_prob_leaves,
     make_tree,
     random_tree,
     sample,
@@ -27,6 +27,6 @@ from snm_jax.adversarial.tree import (
 __all__ = [
     "SATURATION_LOGIT", "LevelReport", "ProbabilisticTree", "TreeTrainingSampler",
     "adversarial_ns_loss", "debias_scores", "fit_projection", "fit_tree", "fit_tree_sampler", "leaf_log_probs",
-    "log_prob", "log_prob_all", "log_prob_chunk", "log_prob_leaf_chunk", "make_tree",
+    "log_prob", "log_prob_all", "log_prob_leaf_chunk", "log_prob_leaves", "make_tree",
     "planted_hierarchy", "project", "random_tree", "sample", "sample_with_log_prob",
 ]

@@ -57,9 +57,12 @@ class TreeTrainingSampler:
     log_s = jnp.log(float(self.num_samples))
     return ids, log_p + log_s, log_p_pos + log_s
 
-  def log_prob_block(self, x_proj_NxK, label_ids_R):
-    """log p_n(y|x) for a contiguous block of label ids (N, R): the Eq. 5 bias at evaluation."""
-    return tree_lib.log_prob_chunk(self.tree, x_proj_NxK, label_ids_R[0], label_ids_R.shape[0])
+  def log_prob_leaf_block(self, x_proj_NxK, leaf_ids_R):
+    """log p_n(y|x) (N, R) of the labels at a contiguous block of leaves (R,): the Eq. 5 bias of
+    the evaluation, which scans the class table in leaf order; padding leaves <= -1e4 (saturated),
+    ids must be < L. O((R + log C) k) per query for a block aligned to a power-of-two R
+    (`tree.log_prob_leaves`)."""
+    return tree_lib.log_prob_leaves(self.tree, x_proj_NxK, leaf_ids_R[0], leaf_ids_R.shape[0])
 
 
 def fit_tree_sampler(features, labels_N, num_labels: int, *, pca_dim: int, reg: float,

@@ -190,17 +190,46 @@ def log_prob_all(tree: ProbabilisticTree, x_Nxk: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
-def log_prob_chunk(tree: ProbabilisticTree, x_Nxk: jax.Array, start, size: int) -> jax.Array:
-  """log p_n(y|x) for labels start, ..., start + size - 1: (N, size); ids >= C give -inf.
+def log_prob_leaves(tree: ProbabilisticTree, x_Nxk: jax.Array, start, size: int) -> jax.Array:
+  """log p of the leaves start, ..., start + size - 1 (needs start + size <= L): (N, size).
 
-  For chunked evaluation in label-id order: each label walks its own path, so a
-  sweep over all chunks costs O(C k log C) per query rather than the O(C k) of
-  `log_prob_all` / `log_prob_leaf_chunk`, but never holds an (N, C) array.
-  `start` may be traced (e.g. inside lax.scan over chunks); `size` is static.
+  A padding leaf keeps its saturated log p <= -1e4 (no -inf mask: exp() of it is exactly 0 in
+  float32, so it never enters a top-k or a log-sum-exp; a where() on the subtree expansion made
+  XLA:CPU's fused loop ~3x slower). For chunked evaluation in the tree's leaf order (the Eq. 5
+  bias of `train/evaluate.py`): when `start` is a multiple of a power-of-two `size`, the range
+  is a whole subtree, expanded level by level as in `log_prob_leaf_chunk`, O((size + log C) k)
+  per query, so a sweep over all leaves costs O(C k); any other range (checked at run time by
+  `lax.cond`, e.g. a retrieval block shifted back to stay in range) walks each leaf's path,
+  O(size k log C). `start` may be traced; `size` is static (1: one leaf's path = `log_prob`).
   """
-  ids = start + jnp.arange(size)
-  valid = ids < tree.num_labels
-  return jnp.where(valid, log_prob_shared(tree, x_Nxk, jnp.where(valid, ids, 0)), -jnp.inf)
+  leaves = jnp.minimum(start + jnp.arange(size), tree.num_leaves - 1)
+  per_path = lambda x: _log_prob_at_leaves(tree, x, leaves)  # pylint: disable=unnecessary-lambda-assignment
+  if size & (size - 1) or size > tree.num_leaves:  # never a whole subtree
+    return per_path(x_Nxk)
+  subtree = lambda x: _subtree_log_probs(tree, x, start // size, size)  # pylint: disable=unnecessary-lambda-assignment
+  return subtree(x_Nxk) if size == 1 else jax.lax.cond(start % size == 0, subtree, per_path, x_Nxk)
+
+
+def _subtree_log_probs(tree: ProbabilisticTree, x_Nxk: jax.Array, chunk, size: int) -> jax.Array:
+  """log p (N, size) of the leaves [chunk * size, (chunk + 1) * size), a whole subtree (size a
+  power of two): its root's path walked once, then expanded level by level. Padding leaves keep
+  their saturated log p (<= -1e4)."""
+  sub_depth = size.bit_length() - 1
+  root_depth = tree.depth - sub_depth
+  root = (tree.num_leaves >> sub_depth) + chunk  # heap index of the chunk's subtree root
+  n = x_Nxk.shape[0]
+  logp = jnp.zeros((n, 1), jnp.float32)
+  for level in range(root_depth):
+    node = root >> (root_depth - level)
+    s_N1 = x_Nxk @ tree.weights_Lxk[node][:, None] + tree.biases_L[node]
+    go_right = (root >> (root_depth - level - 1)) & 1
+    logp += jax.nn.log_sigmoid(jnp.where(go_right == 1, s_N1, -s_N1))
+  for level in range(sub_depth):
+    nodes = (root << level) + jnp.arange(1 << level)
+    s_NxM = x_Nxk @ tree.weights_Lxk[nodes].T + tree.biases_L[nodes]
+    children = jnp.stack([logp + jax.nn.log_sigmoid(-s_NxM), logp + jax.nn.log_sigmoid(s_NxM)], -1)
+    logp = children.reshape(n, 2 << level)
+  return logp
 
 
 def log_prob_shared(tree: ProbabilisticTree, x_Nxk: jax.Array, labels_S: jax.Array) -> jax.Array:
@@ -209,10 +238,15 @@ def log_prob_shared(tree: ProbabilisticTree, x_Nxk: jax.Array, labels_S: jax.Arr
   The labels' path nodes do not depend on the query, so each level is one (N, k) x (k, S)
   matmul against the S gathered node rows, where `log_prob`'s per-query labels gather an
   (N, S, k) array per level: measured at C = 10^5, N = 256, S = 4,096 (the evaluation's Eq. 5
-  bias block), 46 ms against 335 ms per block, same values within 2.3e-5."""
+  bias block in label order, before `log_prob_leaves`), 46 ms against 335 ms per block, same values within 2.3e-5."""
+  return _log_prob_at_leaves(tree, x_Nxk, tree.leaf_of_label_C[labels_S])
+
+
+def _log_prob_at_leaves(tree: ProbabilisticTree, x_Nxk: jax.Array, leaves_S: jax.Array) -> jax.Array:
+  """log p of the same leaves (S,) in [0, L) at every query: (N, S), each leaf's path walked."""
   d = tree.depth
-  heap_S = tree.num_leaves + tree.leaf_of_label_C[labels_S]
-  logp_NxS = jnp.zeros((x_Nxk.shape[0], labels_S.shape[0]), jnp.float32)
+  heap_S = tree.num_leaves + leaves_S
+  logp_NxS = jnp.zeros((x_Nxk.shape[0], leaves_S.shape[0]), jnp.float32)
   for level in range(d):
     node_S = heap_S >> (d - level)
     go_right_S = (heap_S >> (d - level - 1)) & 1
@@ -244,21 +278,7 @@ def log_prob_leaf_chunk(tree: ProbabilisticTree, x_Nxk: jax.Array, chunk, size: 
   """
   if size < 1 or size & (size - 1) or size > tree.num_leaves:
     raise ValueError(f"size must be a power of two in [1, {tree.num_leaves}], got {size}")
-  sub_depth = size.bit_length() - 1
-  root_depth = tree.depth - sub_depth
-  root = (tree.num_leaves >> sub_depth) + chunk  # heap index of the chunk's subtree root
-  n = x_Nxk.shape[0]
-  logp = jnp.zeros((n, 1), jnp.float32)
-  for level in range(root_depth):
-    node = root >> (root_depth - level)
-    s_N1 = x_Nxk @ tree.weights_Lxk[node][:, None] + tree.biases_L[node]
-    go_right = (root >> (root_depth - level - 1)) & 1
-    logp += jax.nn.log_sigmoid(jnp.where(go_right == 1, s_N1, -s_N1))
-  for level in range(sub_depth):
-    nodes = (root << level) + jnp.arange(1 << level)
-    s_NxM = x_Nxk @ tree.weights_Lxk[nodes].T + tree.biases_L[nodes]
-    children = jnp.stack([logp + jax.nn.log_sigmoid(-s_NxM), logp + jax.nn.log_sigmoid(s_NxM)], -1)
-    logp = children.reshape(n, 2 << level)
+  logp = _subtree_log_probs(tree, x_Nxk, chunk, size)
   labels_S = jax.lax.dynamic_slice(tree.label_of_leaf_L, (chunk * size,), (size,))
   return labels_S, jnp.where(labels_S >= 0, logp, -jnp.inf)
 

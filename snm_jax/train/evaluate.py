@@ -16,7 +16,7 @@ from snm_jax.data.pipeline import DenseBatcher, SparseBatcher
 from snm_jax.mining.retrieval import bias_at, make_top_k_retrieval
 from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
-from snm_jax.sharding import DATA, named
+from snm_jax.sharding import DATA, MODEL, TABLE, named
 from snm_jax.train.host import to_host
 
 REPORTED_K = (1, 3, 5)
@@ -45,7 +45,9 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
 
   Owns the method-specific parts of prediction: Bamler & Mandt's Eq. 5 bias
   removal (score_y(x) = xi_y(x) + log p_n(y|x), inside the chunked top-k) for
-  the adversarial loss, their predictive log-likelihood, and on synthetic test
+  the adversarial loss, evaluated with the class table in the tree's leaf order
+  (`leaf_order_rows`: each scanned block is a subtree, O(C k) per query for all
+  of log p_n rather than O(C k log C) label by label), their predictive log-likelihood, and on synthetic test
   data the Bayes-optimal predictor's metrics (`bayes/...`). PSP@k and the
   Head/Torso/Tail split use the whole training file's label counts, so every
   method and every split is scored with the same propensities. dense_inputs:
@@ -59,11 +61,14 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
   features, labels = dataset.features[:n], dataset.labels[:n]
   debias = (tree_sampler is not None and config.adversarial.debias_eval
             and config.loss.kind == "adversarial_ns")
-  bias_fn = extra_fn = None
+  bias_fn = extra_fn = row_labels = None
+  row_block = config.eval.row_block
   if debias:
     x_proj = np.asarray(tree_sampler.project_sparse_host(features))
     extra_fn = lambda rows: x_proj[np.maximum(rows, 0)]  # pylint: disable=unnecessary-lambda-assignment
-    bias_fn = tree_sampler.log_prob_block
+    bias_fn = tree_sampler.log_prob_leaf_block
+    row_labels, row_block = leaf_order_rows(np.asarray(tree_sampler.tree.label_of_leaf_L),
+                                            mesh.shape[MODEL], row_block)
   if label_bias is not None:
     if debias:
       raise ValueError("label_bias and the adversarial loss's Eq. 5 bias removal are exclusive")
@@ -73,7 +78,7 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
       tower_apply=tower_apply, features=features, labels=labels, mesh=mesh,
       num_labels=run_data.num_labels,
       k=max(config.eval.k_max, min(config.eval.recall_r, run_data.num_labels)),
-      query_chunk=config.eval.query_chunk, row_block=config.eval.row_block,
+      query_chunk=config.eval.query_chunk, row_block=row_block, row_labels=row_labels,
       normalize_classes=normalize_classes, max_nnz=max_nnz, max_labels=max_labels,
       logit_scale=float(config.loss.logit_scale) if (debias or config.eval.log_likelihood) else 1.0,
       dense_inputs=dense_inputs)
@@ -102,6 +107,29 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
   return evaluate
 
 
+def leaf_order_rows(label_of_leaf, model_shards: int, row_block: int) -> tuple[np.ndarray, int]:
+  """The evaluation's class-table layout in a tree's leaf order, for Eq. 5 block by subtree.
+
+  Args:
+    label_of_leaf: (L,) int, the label at each leaf (L a power of two), -1 for padding.
+    model_shards: the mesh's `model` axis size M.
+    row_block: the configured rows per retrieval block (`eval.row_block`).
+
+  Returns:
+    row_labels: (L_pad,) int32, the label of each row of the permuted table: label_of_leaf, then
+      -1 up to L_pad, the smallest multiple of M x block >= L (so each shard holds whole blocks).
+    block: the retrieval's row block, the largest power of two <= row_block and <= L / M (>= 1).
+      The retrieval then scans each shard's rows in aligned blocks (it shifts a block back only
+      when the shard's rows are not a multiple of it), so every block is a whole subtree.
+  """
+  label_of_leaf = np.asarray(label_of_leaf, np.int32)
+  num_leaves = label_of_leaf.shape[0]
+  limit = max(1, min(row_block, num_leaves // model_shards))
+  block = 1 << (limit.bit_length() - 1)
+  num_rows = -(-num_leaves // (model_shards * block)) * model_shards * block
+  return np.concatenate([label_of_leaf, np.full(num_rows - num_leaves, -1, np.int32)]), block
+
+
 def label_bias_fn(label_bias) -> tuple[Callable, Callable]:
   """A per-label bias b (K,) as the retrieval's (bias_fn(extra (n,), ids (r,)) -> (n, r) = b[ids],
   extra_fn(example rows) -> zeros (n,)): the bias does not depend on x, `extra` only carries the
@@ -121,12 +149,20 @@ class Evaluator:
   Every process holds the whole evaluation set (it is small next to training
   data); each chunk of `query_chunk` points is embedded and retrieved with the
   batch sharded over `data` and the table over `model`.
+
+  row_labels: optional (R,) int, R divisible by the `model` axis size: `predict` then permutes
+  the table once per call into rows table[row_labels] (still sharded over `model`; a second copy
+  of R rows), retrieves over those R rows and maps the ids back to labels. `bias_fn` then takes
+  row ids; rows past the last real label are never candidates, and the bias must rule out the
+  padding rows (label -1) before it (-inf, or like the tree's padding leaves <= -1e4, whose exp is
+  exactly 0 in float32). Used for Eq. 5 in the tree's leaf order (`leaf_order_rows`).
   """
 
   def __init__(self, *, tower_apply: Callable, features, labels, mesh, num_labels: int,
                k: int, query_chunk: int, row_block: int, normalize_classes: bool,
                max_nnz: int, max_labels: int, bias_fn=None, extra_fn=None,
-               with_loglik: bool = False, logit_scale: float = 1.0, dense_inputs: bool = False):
+               with_loglik: bool = False, logit_scale: float = 1.0, dense_inputs: bool = False,
+               row_labels: np.ndarray | None = None):
     n_data = mesh.shape[DATA]
     # Never pad a small evaluation set up to a large chunk.
     chunk = -(-min(query_chunk, features.shape[0]) // n_data) * n_data
@@ -141,6 +177,19 @@ class Evaluator:
     # and are computed from unscaled scores when neither is asked for.
     self.embed = jax.jit(lambda *a: logit_scale * tower_apply(*a)) if logit_scale != 1.0 else jax.jit(tower_apply)
     self.with_loglik = with_loglik
+    self.row_labels = self.row_of_label = None
+    if row_labels is not None:
+      self.row_labels = np.asarray(row_labels, np.int32)
+      if self.row_labels.shape[0] % mesh.shape[MODEL]:
+        raise ValueError(f"{self.row_labels.shape[0]} table rows are not divisible by the "
+                         f"{mesh.shape[MODEL]} model shards")
+      real = np.flatnonzero(self.row_labels >= 0)
+      self.row_of_label = np.full(num_labels, -1, np.int32)
+      self.row_of_label[self.row_labels[real]] = real
+      self._gather_rows = jnp.asarray(np.maximum(self.row_labels, 0))  # padding rows: any row
+      self._permute = jax.jit(lambda table, rows: jnp.take(table, rows, axis=0),
+                              out_shardings=named(mesh, TABLE))
+      num_labels = int(real[-1]) + 1   # the retrieval's "labels": rows up to the last real one
     self.retrieve = make_top_k_retrieval(mesh, k=k, num_labels=num_labels, row_block=row_block,
                                          normalize_classes=normalize_classes, bias_fn=bias_fn,
                                          with_logsumexp=with_loglik)
@@ -163,6 +212,8 @@ class Evaluator:
     log-likelihood (num_points,) of each point's first label, NaN without one,
     or None unless `with_loglik`)."""
     out, lls = [], []
+    if self.row_labels is not None:
+      table = self._permute(table, self._gather_rows)
     self.batcher.set_state({"epoch": 0, "position": 0})
     for batch in self.batcher:
       put = lambda x: jax.device_put(x, self._sharding)
@@ -171,10 +222,14 @@ class Evaluator:
       if self.extra_fn is not None:
         extra = put(self.extra_fn(batch["example_id"]))
       res = self.retrieve(q, table, *(() if extra is None else (extra,)))
-      out.append(to_host(res[1])[batch["valid"]])
+      ids = to_host(res[1])
+      if self.row_labels is not None:
+        ids = np.where(ids >= 0, self.row_labels[ids], -1)
+      out.append(ids[batch["valid"]])
       if self.with_loglik:
-        first = batch["label_set"][:, 0]
-        ll = to_host(self._label_scores(q, table, put(first), extra) - res[2])
+        first = np.asarray(batch["label_set"][:, 0])
+        rows = first if self.row_of_label is None else np.where(first >= 0, self.row_of_label[first], -1)
+        ll = to_host(self._label_scores(q, table, put(rows), extra) - res[2])
         lls.append(np.where(first >= 0, ll, np.nan)[batch["valid"]])
     pred = np.concatenate(out)[:self.num_points]
     return pred, (np.concatenate(lls)[:self.num_points] if self.with_loglik else None)
