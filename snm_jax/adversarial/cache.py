@@ -1,7 +1,7 @@
 """A content-addressed cache of fitted trees, like JAX's persistent compilation cache.
 
 Bamler & Mandt's tree fit (`fit_tree_sampler`) is a pure function of its inputs and takes 40 s at
-C = 10^5 and 44 minutes at C = 10^6 on 2 CPU cores with every level fitted to convergence
+C = 10^5 and 29 minutes at C = 10^6 on 2 CPU cores with every level fitted to convergence
 (benchmarks/RESULTS.md, tree sampler), while a sweep fits the same tree for every tree point of a seed
 (they share the data) and a resumed run refits it. With a
 cache directory set (`use_tree_cache`; `experiments.ablate` points it at <workdir>/tree_cache,
