@@ -121,6 +121,18 @@ def time_to_reach(res: dict, metric: str, target: float) -> float:
   return math.inf
 
 
+def mean_curve(results: list[dict], metric: str) -> dict:
+  """The seeds' `metric` curves averaged point by point (value, calibrated second and clock start;
+  truncated to the shortest), as a results.json-like dict for `time_to_reach` / `plots.curve`."""
+  curves = [plots.curve(r, metric) for r in results]
+  n = min(len(c[0]) for c in curves)
+  history = [{"step": curves[0][0][i], "train_seconds": float(np.mean([c[1][i] for c in curves])),
+              metric: float(np.mean([c[2][i] for c in curves]))} for i in range(n)]
+  return {"history": history, "steps": history[-1]["step"], "final": {metric: history[-1][metric]},
+          "train_seconds": history[-1]["train_seconds"], "train_seconds_excludes_eval": True,
+          "seconds_offset": float(np.mean([r.get("seconds_offset", 0.0) for r in results]))}
+
+
 def snm_verdict(ratios_by_metric: dict) -> tuple[str, str]:
   """Reddi et al.'s Table 2 claim from {metric: [per-seed ratios of the best SNM to NS]}."""
   means = {m: _stats(r)[0] for m, r in ratios_by_metric.items() if r}
@@ -297,14 +309,15 @@ def claims_section(sections: list[dict]) -> list[str]:
     for tree, base in (("tree_s64", "uniform_s64"),):
       if tree in runs and base in runs:
         cal = sec["cal"]
-        base_curves = cal[labels[base]]
-        target = _stats([max(plots.curve(r, "R@5")[2]) for r in base_curves])[0]
-        t_base = np.mean([time_to_reach(r, "R@5", target) for r in base_curves])
-        t_tree = np.mean([time_to_reach(r, "R@5", target) for r in cal[labels[tree]]])
-        t_nofit = np.mean([time_to_reach(calibrated(runs[tree][s], sec["ms"][tree], with_fit=False), "R@5",
-                                         target) for s in sorted(runs[tree])])
+        base_mean = mean_curve(cal[labels[base]], "R@5")
+        tree_mean = mean_curve(cal[labels[tree]], "R@5")
+        target = max(plots.curve(base_mean, "R@5")[2])
+        t_base = time_to_reach(base_mean, "R@5", target)
+        t_tree = time_to_reach(tree_mean, "R@5", target)
+        t_nofit = time_to_reach(mean_curve([calibrated(runs[tree][s], sec["ms"][tree], with_fit=False)
+                                            for s in sorted(runs[tree])], "R@5"), "R@5", target)
         fit = np.mean([r.get("tree_fit_seconds", 0.0) for r in runs[tree].values()])
-        tree_best = _stats([max(plots.curve(r, "R@5")[2]) for r in cal[labels[tree]]])[0]
+        tree_best = max(plots.curve(tree_mean, "R@5")[2])
         speedup = t_base / t_tree if t_tree > 0 else math.inf
         md.append(f"- **Adversarial tree vs uniform negative sampling (Eq. 6 vs Eq. 2, 64 draws per "
                   f"example): {tree_verdict(speedup, tree_best, target)}.** Uniform's best test R@5 "

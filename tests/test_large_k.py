@@ -149,3 +149,16 @@ def test_sweep_scales_are_the_committed_validation_choice():
   assert points["ssm"]["loss.logit_scale"] == large_k.SOFTMAX_SCALE
   assert points["ns"]["loss.logit_scale"] == points["b1024_ns"]["loss.logit_scale"] == large_k.NS_SCALE
   assert not base["model.normalize_classes"] and base["table.init_scale"] == 0.01
+
+
+def test_mean_curve_averages_the_seeds_point_by_point():
+  """The tree claim's curves: a target every seed's mean curve reaches (its max), never a seed's
+  own max that another seed never reaches (that gave an infinite time to reach)."""
+  a = large_k_report.calibrated(_res([0.1, 0.3, 0.5], tree_fit=2.0), ms_per_step=100.0)
+  b = large_k_report.calibrated(_res([0.3, 0.5, 0.4], tree_fit=4.0), ms_per_step=100.0)
+  mean = large_k_report.mean_curve([a, b], "R@5")
+  assert [h["R@5"] for h in mean["history"]] == pytest.approx([0.2, 0.4, 0.45])
+  assert [h["train_seconds"] for h in mean["history"]] == pytest.approx([4.0, 5.0, 6.0])
+  assert mean["seconds_offset"] == pytest.approx(3.0)
+  assert large_k_report.time_to_reach(mean, "R@5", 0.45) == pytest.approx(6.0)
+  assert large_k_report.time_to_reach(mean, "R@5", 0.1) == pytest.approx(3.5)  # from (3 s, 0)
