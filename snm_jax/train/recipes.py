@@ -145,10 +145,10 @@ OVR_SEARCH = ""
 OVR_NAME = "ovr_pairs"
 
 
-# Repeated validation splits (issue 14): while the validation split is small, the candidates, the
-# ensemble size and every checkpoint are chosen on the mean over `num_splits` random splits, each
-# model trained without its split's held-out part, and the result sums the models of every split.
-# At most this many splits (the candidates' training cost is multiplied by it).
+# Repeated validation splits (issue 14): while the validation split is small, the candidates and the
+# ensemble size are chosen on the mean over `num_splits` random splits (each model trained without
+# its split's held-out part and keeping its best checkpoint on it), and the result sums the models of
+# every split. At most this many splits (the candidates' training cost is multiplied by it).
 MAX_SPLITS = 5
 
 
