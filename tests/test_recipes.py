@@ -279,3 +279,79 @@ def test_the_full_sampler_takes_the_ordered_weighted_losses_only_besides_full_so
       builders.validate(bad, num_labels=st.num_labels)
   builders.validate(with_overrides(c, {**fields, "recipe.name": "", "loss.kind": "powl"}),
                     num_labels=st.num_labels)
+
+
+def test_the_number_of_validation_splits_follows_the_validation_size():
+  c = xmc.get_config("bibtex")
+  assert (c.recipe.splits, c.recipe.min_validation) == (-1, 1000)  # shipped: from the validation size
+  assert xmc.get_config("bibtex,runlocal").recipe.splits == 1
+  c.unlock()
+  # ceil(1000 / M) while M < 1000, at most MAX_SPLITS; 1 from M = 1000 on.
+  assert recipes.num_splits(c, 488) == 3   # Bibtex: 10% of 4,880
+  assert recipes.num_splits(c, 439) == 3   # its 90/10 carve
+  assert recipes.num_splits(c, 500) == 2 and recipes.num_splits(c, 999) == 2
+  assert recipes.num_splits(c, 1000) == 1 and recipes.num_splits(c, 1292) == 1  # Delicious
+  assert recipes.num_splits(c, 50) == recipes.MAX_SPLITS == 5
+  c.recipe.splits = 2  # explicit: as given
+  assert recipes.num_splits(c, 1292) == 2
+  assert recipes.split_fields(c, 0) == {"dataset.validation_seed": c.dataset.validation_seed}
+  assert recipes.split_fields(c, 2) == {"dataset.validation_seed": c.dataset.validation_seed + 2}
+
+
+@pytest.mark.parametrize("field,value", [("recipe.splits", 0), ("recipe.splits", -2),
+                                         ("recipe.min_validation", -1)])
+def test_bad_split_fields_are_refused(field, value):
+  from snm_jax.train import builders
+  c = tiny_synthetic_recipe(**{field: value})
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    builders.validate(c)
+
+
+def test_several_splits_choose_on_the_mean_and_score_every_splits_models(tmp_path):
+  from snm_jax.train.run_data import load_run_data
+  from snm_jax.train.overrides import with_overrides
+  c = tiny_synthetic_recipe(1000, 100, **{"recipe.search": "table.learning_rate*=0.01,1",
+                                          "recipe.splits": 2, "recipe.ensemble": 2})
+  # The two splits hold out as many points, not the same ones, from the same training file.
+  parts = [load_run_data(with_overrides(c, recipes.split_fields(c, i))) for i in range(2)]
+  assert parts[0].validation.num_points == parts[1].validation.num_points == 100
+  v0, v1 = (p.validation.features.toarray() for p in parts)
+  assert not (v0 == v1).all()
+  res = recipes.run(c, tmp_path)
+  rec = res["recipe"]
+  assert rec["splits"] == 2
+  for row in rec["candidates"]:
+    runs = [json.loads((recipes.split_dir(tmp_path, i) / "candidates" / row["name"] / "results.json")
+                       .read_text()) for i in range(2)]
+    cfgs = [json.loads((recipes.split_dir(tmp_path, i) / "candidates" / row["name"] / "config.json")
+                       .read_text()) for i in range(2)]
+    assert [g["dataset"]["validation_seed"] for g in cfgs] == [0, 1]
+    values = [r["selected"]["value"] for r in runs]
+    assert [s["validation"] for s in row["splits"]] == values
+    assert row["validation"] == pytest.approx(sum(values) / 2)  # the choice reads the mean
+  best = max(rec["candidates"], key=lambda t: t["validation"])
+  assert rec["chosen"] == best["name"] == rec["ensemble"]["order"][0]
+  # m = 1 on validation: each split's model of the best candidate on its own held-out part, averaged
+  # -- the mean of the values its runs selected their checkpoints on.
+  assert rec["ensemble"]["validation"][0]["value"] == pytest.approx(best["validation"], abs=1e-5)
+  # The result sums every split's models, so even m = 1 is scored on test.
+  assert res["final"] == rec["ensemble"]["test"]
+  assert (tmp_path / "splits" / "1" / "candidates" / best["name"] / "results.json").exists()
+
+
+def test_with_several_splits_even_one_member_is_scored_on_test():
+  # The result sums every split's models of its members, so m = 1 is no longer a candidate's own run.
+  c = tiny_synthetic_recipe()
+  table = [{"name": "a", "validation": 0.6}, {"name": "b", "validation": 0.5}]
+  calls = []
+
+  def fake(names, split):
+    calls.append((tuple(names), split))
+    return {"nDCG@5": 0.6 if len(names) == 1 else 0.55}
+
+  rec = recipes.choose_ensemble(c, [None, None], table, {}, None, 2, evaluate_fn=fake)
+  assert rec["splits"] == 2 and rec["m"] == 1 and rec["members"] == ["a"]
+  assert calls == [(("a",), "validation"), (("a", "b"), "validation"), (("a",), "test")]
+  calls.clear()
+  one = recipes.choose_ensemble(c, None, table, {}, None, 2, evaluate_fn=fake)  # one split
+  assert one["splits"] == 1 and "test" not in one and all(s == "validation" for _, s in calls)

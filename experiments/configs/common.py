@@ -200,6 +200,12 @@ def base_config() -> ml_collections.ConfigDict:
   # Ensembles of the top-m candidates by validation, m = 1..ensemble, scored by the sum of their logits;
   # m chosen on validation (snm_jax/train/ensemble.py). 1 = the best candidate alone, 0 = up to all.
   c.recipe.ensemble = 1
+  # Validation splits the candidates are trained and chosen on (seeds dataset.validation_seed + i):
+  # the choice reads the mean over the splits and the result sums every split's models. -1 (auto):
+  # ceil(min_validation / M), at most recipes.MAX_SPLITS, while the validation split holds M <
+  # min_validation points, else 1.
+  c.recipe.splits = 1
+  c.recipe.min_validation = 1000
   # Post-hoc logit adjustment of the chosen model / ensemble (Menon et al. 2021): score - tau log prior(y),
   # tau from this comma-separated grid (0 always in it) chosen on validation (snm_jax/train/logit_adjust.py).
   # "" = off.

@@ -146,6 +146,10 @@ def _validate_recipe(config) -> None:
   _int("recipe.evaluations", r.evaluations, 1)
   members = _field(r, "ensemble", 1)
   _int("recipe.ensemble", members, 0, note=" (the most members; 0 = every candidate, 1 = no ensemble)")
+  splits = _field(r, "splits", 1)
+  if splits != -1:
+    _int("recipe.splits", splits, 1, note=" (validation splits; -1 = from the validation size)")
+  _int("recipe.min_validation", _field(r, "min_validation", 0), 0)
   if members != 1 and r.refit:
     raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit on the whole "
                       "training file (recipe.refit=True): set recipe.ensemble=1 or recipe.refit=False")

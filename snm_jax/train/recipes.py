@@ -23,6 +23,13 @@ workdir/logit_adjust.json). The test split is evaluated by every candidate but
 never read to choose. Finished candidates are reused and interrupted ones
 resume, so the recipe resumes like a single run.
 
+With `recipe.splits` r > 1 (-1: derived from the validation size, `num_splits`) every candidate is
+trained once per validation split (repeated random splits of the same size, seeds
+dataset.validation_seed + i; split 0 in `workdir/candidates/`, split i in
+`workdir/splits/<i>/candidates/`), each run keeping its best checkpoint on its own split; the
+candidates are ranked, and the ensemble size chosen, on the mean over the splits, and the result
+sums the chosen members' models of every split (so even m = 1 is an ensemble, scored on test).
+
 A field the user sets explicitly (anything but "auto"/-1) is kept as given.
 """
 
@@ -136,6 +143,13 @@ OVR_SEARCH = ""
 # "ovr_pairs": not the name of the earlier one-drawn-positive candidate ("ovr"), whose finished
 # workdirs a rerun would otherwise reuse as they are.
 OVR_NAME = "ovr_pairs"
+
+
+# Repeated validation splits (issue 14): while the validation split is small, the candidates and the
+# ensemble size are chosen on the mean over `num_splits` random splits (each model trained without
+# its split's held-out part and keeping its best checkpoint on it), and the result sums the models of
+# every split. At most this many splits (the candidates' training cost is multiplied by it).
+MAX_SPLITS = 5
 
 
 def fits_linear_table(stats: DataStats, width: int = 0) -> bool:
@@ -255,6 +269,30 @@ def _apply(config, overrides: dict):
   return with_overrides(config, {**overrides, "recipe.name": ""})
 
 
+def num_splits(config, num_validation: int) -> int:
+  """How many validation splits the candidates are trained and chosen on: `recipe.splits`, or for
+  -1 (auto) ceil(recipe.min_validation / M), at most MAX_SPLITS, while the validation split holds
+  M < recipe.min_validation points, else 1 (one split, no extra cost)."""
+  r = int(config.recipe.get("splits", 1))
+  if r != -1:
+    return r
+  wanted = int(config.recipe.get("min_validation", 0))
+  if num_validation >= wanted:
+    return 1
+  return int(min(-(-wanted // max(num_validation, 1)), MAX_SPLITS))
+
+
+def split_fields(config, i: int) -> dict:
+  """The fields of validation split i: dataset.validation_seed + i (split 0: the config's own)."""
+  return {"dataset.validation_seed": int(config.dataset.validation_seed) + i}
+
+
+def split_dir(workdir, i: int):
+  """Where split i's candidates live: workdir itself for split 0 (the one-split layout, so a
+  single-split recipe's candidates are reused as split 0), workdir/splits/<i> for the others."""
+  return workdir if i == 0 else workdir / "splits" / str(i)
+
+
 def run(config, workdir) -> dict:
   """Derives the recipe's fields, trains every candidate, returns (and writes) the chosen one's results."""
   workdir = workdir_path(workdir)
@@ -264,45 +302,66 @@ def run(config, workdir) -> dict:
   stats = DataStats.of(run_data)
   derived = derive(config, stats)
   points = candidate_list(config, stats, derived)
-  logging.info("recipe %s on %s: %s; derived %s", config.recipe.name, run_data.source, stats, derived)
+  r = num_splits(config, run_data.validation.num_points)
+  # Split i > 0 holds out as many points, drawn with the next permutation seed (repeated random
+  # splits; the training part's size, hence every derived field, is the same on each).
+  run_datas = [run_data] + [load_run_data(with_overrides(config, split_fields(config, i)))
+                            for i in range(1, r)]
+  logging.info("recipe %s on %s: %s; derived %s; %d validation split(s)", config.recipe.name,
+               run_data.source, stats, derived, r)
   table, fields_of, diverged = [], {}, []
   for name, over, fields in points:
-    res = _run_or_load(_apply(config, fields), workdir / "candidates" / name)
-    if "diverged" in res:  # no state to choose: left out of the choice and the ensembles
-      diverged.append({"name": name, "overrides": over, "error": res["diverged"]})
-      continue
-    fields_of[name] = fields
-    table.append({"name": name, "overrides": over, "selected_step": res["selected"]["step"],
-                  "validation": res["selected"]["value"], "steps": res["steps"],
-                  "train_seconds": res["train_seconds"]})
+    per_split = []
+    for i in range(r):
+      res = _run_or_load(_apply(config, {**fields, **split_fields(config, i)}),
+                         split_dir(workdir, i) / "candidates" / name)
+      if "diverged" in res:  # no state to choose: left out of the choice and the ensembles
+        diverged.append({"name": name, "overrides": over, "error": res["diverged"], "split": i})
+        break
+      per_split.append(res)
+    else:
+      fields_of[name] = fields
+      row = {"name": name, "overrides": over,
+             # one split: its value; several: the mean over the splits (what the choice reads)
+             "selected_step": int(round(np.mean([s["selected"]["step"] for s in per_split]))),
+             "validation": float(np.mean([s["selected"]["value"] for s in per_split])),
+             "steps": per_split[0]["steps"],
+             "train_seconds": sum(s["train_seconds"] for s in per_split)}
+      if r > 1:
+        row["splits"] = [{"validation": s["selected"]["value"], "selected_step": s["selected"]["step"]}
+                         for s in per_split]
+      table.append(row)
   if not table:
     raise NonFiniteLossError(f"every recipe candidate diverged: {diverged}")
   best = table[max(range(len(table)), key=lambda i: (table[i]["validation"], -i))]
   chosen = json.loads((workdir / "candidates" / best["name"] / "results.json").read_text())
   record = {"name": config.recipe.name, "stats": dataclasses.asdict(stats), "derived": derived,
             "select_metric": config.eval.select_metric, "candidates": table, "chosen": best["name"],
-            "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
+            "splits": r, "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
   if diverged:
     record["diverged"] = diverged
   max_members = ensemble_size(config, len(table))
-  if max_members > 1:
-    ens = _ensemble_or_load(config, run_data, table, {n: _apply(config, f) for n, f in fields_of.items()},
-                            workdir, max_members)
+  configs = {n: _apply(config, f) for n, f in fields_of.items()}
+  # Several splits: the result is the sum of the chosen members' models over the splits (each
+  # trained without its own held-out part), so even m = 1 is scored as an ensemble.
+  if max_members > 1 or r > 1:
+    ens = _ensemble_or_load(config, run_datas, table, configs, workdir, max_members)
     record["ensemble"] = ens
-    if ens["m"] > 1:  # else the best candidate alone, its results as they are
+    if "test" in ens:  # else the best candidate alone on one split, its results as they are
       chosen = {**chosen, "final": ens["test"]}
   taus = logit_adjust_grid(config)
   if len(taus) > 1:
-    members = record["ensemble"]["members"] if max_members > 1 else [best["name"]]
-    adjust = _logit_adjust_or_load(config, run_data, members,
-                                   {n: _apply(config, fields_of[n]) for n in members}, workdir, taus)
+    members = record["ensemble"]["members"] if "ensemble" in record else [best["name"]]
+    adjust = _logit_adjust_or_load(config, run_datas, members, {n: configs[n] for n in members},
+                                   workdir, taus)
     record["logit_adjust"] = adjust
     if adjust["tau"] > 0:  # else the model / ensemble unadjusted, its test metrics as they are
       chosen = {**chosen, "final": adjust["test"]}
   if config.recipe.refit:  # (builders.validate refuses it with an ensemble or a logit adjustment)
     # The chosen settings retrained on the whole training file (validation part included) for the
-    # selected number of steps, the schedule ending there (scikit-learn's GridSearchCV(refit=True)).
-    # Nothing is chosen from this run: it is decided before any result is seen.
+    # selected number of steps (several splits: their mean), the schedule ending there
+    # (scikit-learn's GridSearchCV(refit=True)). Nothing is chosen from this run: it is decided
+    # before any result is seen.
     refit_fields = {**fields_of[best["name"]], "dataset.validation_fraction": 0.0,
                     "train.num_steps": max(best["selected_step"], 1), "train.eval_every": 0}
     refit = _run_or_load(_apply(config, refit_fields), workdir / "refit")
@@ -328,27 +387,33 @@ def ensemble_order(table: list[dict]) -> list[str]:
   return [table[i]["name"] for i in order]
 
 
-def choose_ensemble(config, run_data, table: list[dict], configs: dict, workdir, max_members: int,
+def choose_ensemble(config, run_datas, table: list[dict], configs: dict, workdir, max_members: int,
                     evaluate_fn=None) -> dict:
   """The ensemble of the top-m candidates by validation (m = 1..max_members) with the best
-  validation `eval.select_metric` (ties: the smaller m); only it is scored on test.
+  validation `eval.select_metric` (ties: the smaller m); only it is scored on test (m = 1 on one
+  split: not at all, the candidate's own results stand).
 
   The ensemble's score is the sum of its members' logits (`snm_jax.train.ensemble`), each
-  member at its selected checkpoint. `evaluate_fn(names, split) -> metrics` replaces the real
-  evaluation (tests). Returns the record written to results.json["recipe"]["ensemble"]."""
+  member at its selected checkpoint. With several validation splits (`run_datas`, one per split,
+  `num_splits`) a member is its models on every split: on validation the top-m ensemble is scored
+  on each split with that split's models and the values averaged; on test every split's models
+  are summed. `evaluate_fn(names, split) -> metrics` replaces the real evaluation (tests).
+  Returns the record written to results.json["recipe"]["ensemble"]."""
   order = ensemble_order(table)[:max_members]
   select = config.eval.select_metric
+  run_datas = _as_splits(run_datas)
+  splits = len(run_datas)
   if evaluate_fn is None:
-    evaluate_fn = _ensemble_evaluator(run_data, configs, workdir)
+    evaluate_fn = _ensemble_evaluator(run_datas, configs, workdir)
   validation = []
   for m in range(1, max_members + 1):
     metrics = evaluate_fn(order[:m], "validation")
     validation.append({"m": m, "value": metrics[select],
                        "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)}})
   best = max(validation, key=lambda v: (v["value"], -v["m"]))
-  record = {"max_members": max_members, "order": order, "select_metric": select,
+  record = {"max_members": max_members, "order": order, "select_metric": select, "splits": splits,
             "validation": validation, "m": best["m"], "members": order[:best["m"]]}
-  if best["m"] > 1:
+  if best["m"] > 1 or splits > 1:
     record["test"] = evaluate_fn(record["members"], "test")
   return record
 
@@ -358,11 +423,12 @@ def logit_adjust_grid(config) -> tuple[float, ...]:
   return logit_adjust.parse_grid(config.recipe.get("logit_adjust", ""))
 
 
-def choose_logit_adjust(config, run_data, members: list[str], configs: dict, workdir,
+def choose_logit_adjust(config, run_datas, members: list[str], configs: dict, workdir,
                         taus: tuple[float, ...], evaluate_fn=None) -> dict:
   """Menon et al.'s post-hoc logit adjustment (`snm_jax.train.logit_adjust`) of the chosen model or
   ensemble: score(x, y) = z(x, y) - tau log pi_y, pi_y the label's Laplace-smoothed frequency in
-  the TRAINING part (`logit_adjust.log_label_prior`; the validation part is not counted), tau in
+  the TRAINING part of the first split (`logit_adjust.log_label_prior`; the validation part is not
+  counted), tau in
   `taus` chosen on validation `eval.select_metric` (ties: the smaller tau, so tau = 0, no
   adjustment, wins unless validation prefers another); only the chosen tau > 0 is scored on test.
 
@@ -371,9 +437,10 @@ def choose_logit_adjust(config, run_data, members: list[str], configs: dict, wor
   -> metrics` replaces the real evaluation (tests). Returns the record written to
   results.json["recipe"]["logit_adjust"]."""
   select = config.eval.select_metric
+  run_datas = _as_splits(run_datas)
   if evaluate_fn is None:
-    evaluate_fn = _ensemble_evaluator(run_data, configs, workdir)
-  log_prior = logit_adjust.log_label_prior(run_data.train.labels)
+    evaluate_fn = _ensemble_evaluator(run_datas, configs, workdir)
+  log_prior = logit_adjust.log_label_prior(run_datas[0].train.labels)
   validation = []
   for tau in taus:
     metrics = evaluate_fn(members, "validation", -tau * log_prior)
@@ -387,17 +454,19 @@ def choose_logit_adjust(config, run_data, members: list[str], configs: dict, wor
   return record
 
 
-def _logit_adjust_or_load(config, run_data, members, configs, workdir, taus) -> dict:
+def _logit_adjust_or_load(config, run_datas, members, configs, workdir, taus) -> dict:
   """`choose_logit_adjust`, or its record in workdir/logit_adjust.json when it was made for the
   same members, taus and selection metric."""
   path = workdir / "logit_adjust.json"
   if path.exists():
     saved = json.loads(path.read_text())
     if (saved.get("members") == list(members) and saved.get("taus") == list(taus)
-        and saved.get("select_metric") == config.eval.select_metric):
+        and saved.get("select_metric") == config.eval.select_metric
+        and saved.get("splits", 1) == len(run_datas)):
       logging.info("[logit adjust] reusing %s", path)
       return saved
-  record = choose_logit_adjust(config, run_data, members, configs, workdir, taus)
+  record = choose_logit_adjust(config, run_datas, members, configs, workdir, taus)
+  record["splits"] = len(run_datas)
   logging.info("[logit adjust] validation %s per tau %s: %s; chosen tau = %g", config.eval.select_metric,
                list(taus), [round(v["value"], 4) for v in record["validation"]], record["tau"])
   if is_writer():
@@ -405,37 +474,51 @@ def _logit_adjust_or_load(config, run_data, members, configs, workdir, taus) -> 
   return record
 
 
-def _ensemble_evaluator(run_data, configs: dict, workdir):
+def _ensemble_evaluator(run_datas, configs: dict, workdir):
   """`evaluate(names, split, label_bias=None)` of the ensemble of the named candidates (one name:
-  that candidate), each restored once; label_bias (K,) is added to the summed logits."""
+  that candidate), each model restored once; label_bias (K,) is added to the summed logits.
+  `run_datas` holds one RunData per validation split (`num_splits`): "validation" is the mean of
+  the float metrics over the splits, each scored by that split's models on its own held-out part;
+  "test" sums every split's models."""
   loaded = {}
+  mesh_of = {}
+
+  def models(names, i):
+    for n in names:
+      if (i, n) not in loaded:
+        cfg = with_overrides(configs[n], split_fields(configs[n], i))
+        mesh_of.setdefault("mesh", sharding.make_mesh(cfg.mesh.shape))
+        loaded[(i, n)] = ensemble.load_member(cfg, split_dir(workdir, i) / "candidates" / n,
+                                              mesh_of["mesh"], run_datas[0].num_features)
+    return [loaded[(i, n)] for n in names]
+
+  def score(names, splits, run_data, split, label_bias):
+    members = [m for i in splits for m in models(names, i)]
+    return ensemble.make_ensemble_evaluate(configs[names[0]], run_data, split, [m[0] for m in members],
+                                           members[0][1], mesh_of["mesh"], label_bias=label_bias)()
 
   def evaluate(names, split, label_bias=None):
-    first = configs[names[0]]
-    mesh = sharding.make_mesh(first.mesh.shape)
-    for n in names:
-      if n not in loaded:
-        loaded[n] = ensemble.load_member(configs[n], workdir / "candidates" / n, mesh,
-                                         run_data.num_features)
-    batching = loaded[names[0]][1]
-    return ensemble.make_ensemble_evaluate(first, run_data, split, [loaded[n][0] for n in names],
-                                           batching, mesh, label_bias=label_bias)()
+    if split != "validation" or len(run_datas) == 1:
+      return score(names, range(len(run_datas)), run_datas[0], split, label_bias)
+    each = [score(names, [i], run_datas[i], split, label_bias) for i in range(len(run_datas))]
+    return {k: float(np.mean([e[k] for e in each])) for k, v in each[0].items() if isinstance(v, float)}
 
   return evaluate
 
 
-def _ensemble_or_load(config, run_data, table, configs, workdir, max_members) -> dict:
+def _ensemble_or_load(config, run_datas, table, configs, workdir, max_members) -> dict:
   """`choose_ensemble`, or its record in workdir/ensemble.json when it was made for the same
-  candidates (same validation order) and recipe.ensemble."""
+  candidates (same validation order), recipe.ensemble and number of validation splits."""
   path = workdir / "ensemble.json"
   order = ensemble_order(table)[:max_members]
   if path.exists():
     saved = json.loads(path.read_text())
     if (saved.get("order") == order and saved.get("max_members") == max_members
-        and saved.get("select_metric") == config.eval.select_metric):
+        and saved.get("select_metric") == config.eval.select_metric
+        and saved.get("splits", 1) == len(run_datas)):
       logging.info("[ensemble] reusing %s", path)
       return saved
-  record = choose_ensemble(config, run_data, table, configs, workdir, max_members)
+  record = choose_ensemble(config, run_datas, table, configs, workdir, max_members)
   logging.info("[ensemble] validation %s per m = 1..%d: %s; chosen m = %d", config.eval.select_metric,
                max_members, [round(v["value"], 4) for v in record["validation"]], record["m"])
   if is_writer():
@@ -462,6 +545,11 @@ def _run_or_load(config, workdir) -> dict:
     if is_writer():
       write_text(marker, json.dumps(out))
     return out
+
+
+def _as_splits(run_datas) -> list:
+  """One RunData per validation split: a list as given, a single RunData (or None) as one split."""
+  return list(run_datas) if isinstance(run_datas, (list, tuple)) else [run_datas]
 
 
 def _fields(config):
