@@ -258,6 +258,30 @@ def check_same_step(w: Workload, num_labels: int, params: dict, batch: dict) -> 
   return out
 
 
+def _jax_call(js: JaxStep, batch: dict):
+  """One step of `js` on `batch` (key 1), its state carried over: a contestant of the rounds."""
+  args = (js.device_batch(batch), jax.random.key(1))
+
+  def call():
+    js.state, metrics = js.step(js.state, *args)
+    return js.state, metrics
+  return call
+
+
+def _torch_calls(w: Workload, num_labels: int, params: dict, batch: dict) -> dict:
+  """{"torch_threads<t>": one eager step with t intra-op threads} for each of TORCH_THREADS, each its
+  own copy of `params`; {} without torch."""
+  if torch is None:
+    return {}
+  tb, out = torch_batch(batch), {}
+  for threads in TORCH_THREADS:
+    def call(ts=TorchStep(w, num_labels, params), threads=threads):
+      torch.set_num_threads(threads)
+      return ts.step(tb).item()  # eager on CPU: done when it returns
+    out[f"torch_threads{threads}"] = call
+  return out
+
+
 def run_k(w: Workload, num_labels: int, reps: int) -> tuple[list, dict, dict]:
   """Checks, then times every contestant at one K; returns (rows, check, interleaved peak)."""
   params = initial_params(w, num_labels)
@@ -266,23 +290,9 @@ def run_k(w: Workload, num_labels: int, reps: int) -> tuple[list, dict, dict]:
       "skipped": "torch not installed (pip install -e '.[peers]')"}
   fns, keep = {}, {}
   for name, sparse in (("snm_jax_sparse_input", True), ("snm_jax_dense_input", False)):
-    js = JaxStep(w, num_labels, params, sparse=sparse)
-    args = (js.device_batch(batch), jax.random.key(1))
-    keep[name] = js
-
-    def run(js=js, args=args):
-      js.state, metrics = js.step(js.state, *args)
-      return js.state, metrics
-    fns[name] = run
-  if torch is not None:
-    tb = torch_batch(batch)
-    for threads in TORCH_THREADS:
-      ts = TorchStep(w, num_labels, params)
-
-      def run_torch(ts=ts, threads=threads):
-        torch.set_num_threads(threads)
-        return ts.step(tb).item()  # eager on CPU: done when it returns
-      fns[f"torch_threads{threads}"] = run_torch
+    keep[name] = JaxStep(w, num_labels, params, sparse=sparse)
+    fns[name] = _jax_call(keep[name], batch)
+  fns.update(_torch_calls(w, num_labels, params, batch))
   fns["matmul"], mm_flops = common.matmul_fn()
   threads0 = torch.get_num_threads() if torch is not None else None
   # The dense-input step in rounds of its own: it writes GBs per step (the d x 512 gradient,
@@ -309,23 +319,9 @@ def run_input_sweep(w: Workload, ds, num_labels: int, reps: int) -> tuple[list, 
   for d in ds:
     wd = dataclasses.replace(w, num_features=d)
     params, batch = initial_params(wd, num_labels), common.random_batch(wd, num_labels)
-    js = JaxStep(wd, num_labels, params, sparse=True)
-    keep.append(js)
-    args = (js.device_batch(batch), jax.random.key(1))
-
-    def run_jax(js=js, args=args):
-      js.state, metrics = js.step(js.state, *args)
-      return js.state, metrics
-    fns[("snm_jax_sparse_input", d)] = run_jax
-    if torch is not None:
-      tb = torch_batch(batch)
-      for threads in TORCH_THREADS:
-        ts = TorchStep(wd, num_labels, params)
-
-        def run_torch(ts=ts, tb=tb, threads=threads):
-          torch.set_num_threads(threads)
-          return ts.step(tb).item()
-        fns[(f"torch_threads{threads}", d)] = run_torch
+    keep.append(JaxStep(wd, num_labels, params, sparse=True))
+    fns[("snm_jax_sparse_input", d)] = _jax_call(keep[-1], batch)
+    fns.update({(name, d): fn for name, fn in _torch_calls(wd, num_labels, params, batch).items()})
     del params
   threads0 = torch.get_num_threads() if torch is not None else None
   times = common.time_interleaved(fns, reps=reps)
