@@ -12,6 +12,10 @@ interrupted one resumes from its last checkpoint (the training loop does
 this by itself), so repeating the command finishes the sweep. A run that
 fails (e.g. a non-finite loss) writes failed.json and is skipped next time
 unless --retry_failed. WORKDIR/sweep.json records the sweep for the report.
+A sweep can span machines: a report's summary.json (e.g. the committed
+results/large_k/1e5/summary.json) copied into a new WORKDIR as archive.json
+marks its runs finished ("archived": skipped here, read by the reports), once
+the sweep is checked to give them the same overrides.
 Runs that fit Bamler & Mandt's tree share the fits through WORKDIR/tree_cache
 (`snm_jax.adversarial.cache`: keyed by the fit's inputs, so the tree points of
 one seed, and a resumed run, load the identical tree instead of refitting it).
@@ -35,7 +39,7 @@ import time
 from absl import app, flags, logging
 from etils import epath
 
-from experiments.sweeps.spec import Point, Sweep, apply_overrides, load_config, load_sweep
+from experiments.sweeps.spec import ARCHIVE, Point, Sweep, apply_overrides, load_config, load_sweep, read_archive
 from snm_jax.errors import ConfigError, SnmJaxError
 from snm_jax.train.workpath import workdir_path, write_text
 
@@ -122,12 +126,48 @@ def train_command(sweep: Sweep, point: Point, seed: int, workdir, tree_cache=Non
   return " ".join(shlex.quote(a) for a in args)
 
 
-def run_status(rundir: epath.Path) -> str:
+def run_status(rundir: epath.Path, archived: dict | None = None) -> str:
+  """"done", "failed", "archived" (no run directory, its results in WORKDIR/archive.json:
+  `archived_runs`) or "todo"."""
   if (rundir / "results.json").exists():
     return "done"
   if (rundir / "failed.json").exists():
     return "failed"
+  if archived and rundir.name in archived.get(rundir.parent.name, ()):
+    return "archived"
   return "todo"
+
+
+def _normalised(overrides: dict) -> dict:
+  return json.loads(json.dumps(overrides, default=str))
+
+
+def archived_runs(sweep: Sweep, workdir) -> dict:
+  """{point: {"seed<s>", ...}} of the sweep's runs held by WORKDIR/archive.json
+  (`spec.read_archive`: runs finished on another machine) and without a run directory here.
+
+  Raises ConfigError naming the run and each differing override when the sweep now gives an
+  archived run other overrides than the archived sweep did: an edited sweep never silently keeps
+  results of the old settings (as `check_finished_runs` for run directories)."""
+  old_sweep, runs = read_archive(workdir)
+  if old_sweep is None:
+    return {}
+  old_points = {p.name: p for p in old_sweep.points}
+  out = {}
+  for point in sweep.points:
+    for seed in sweep.seeds:
+      if seed not in runs.get(point.name, {}) or run_status(run_dir(workdir, point, seed)) != "todo":
+        continue  # not archived, or its run directory takes precedence
+      old = _normalised(old_sweep.run_overrides(old_points[point.name], seed))
+      new = _normalised(sweep.run_overrides(point, seed))
+      diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+      if diff:
+        raise ConfigError(diff[0], f"{workdir_path(workdir) / ARCHIVE}: run {point.name}/seed{seed} was "
+                          "archived with other overrides: " + "; ".join(
+                              f"{k}: {old.get(k, '<unset>')!r} archived, {new.get(k, '<unset>')!r} now"
+                              for k in diff))
+      out.setdefault(point.name, set()).add(f"seed{seed}")
+  return out
 
 
 def write_sweep_json(sweep: Sweep, workdir) -> None:
@@ -222,10 +262,11 @@ def run_sweep(sweep: Sweep, workdir, retry_failed: bool = False, clean: bool = F
   counts = {"skipped": 0, "ran": 0, "failed": 0}
   runs = [(p, s) for p in sweep.points for s in sweep.seeds]
   check_finished_runs(sweep, workdir, base)
+  archived = archived_runs(sweep, workdir)
   for i, (point, seed) in enumerate(runs):
     rundir = run_dir(workdir, point, seed)
-    status = run_status(rundir)
-    if status == "done" or (status == "failed" and not retry_failed):
+    status = run_status(rundir, archived)
+    if status in ("done", "archived") or (status == "failed" and not retry_failed):
       log(f"[{i + 1}/{len(runs)}] {point.name} seed {seed}: {status}, skipped")
       counts["skipped"] += 1
       continue
@@ -264,10 +305,11 @@ def _main(argv):
     run_config(sweep, point, sweep.seeds[0])
   if _PRINT.value:
     write_sweep_json(sweep, _WORKDIR.value)
+    archived = archived_runs(sweep, _WORKDIR.value)
     done = 0
     for point in sweep.points:
       for seed in sweep.seeds:
-        if run_status(run_dir(_WORKDIR.value, point, seed)) == "done":
+        if run_status(run_dir(_WORKDIR.value, point, seed), archived) in ("done", "archived"):
           done += 1
         else:
           print(train_command(sweep, point, seed, _WORKDIR.value, _tree_cache_dir()))

@@ -50,7 +50,10 @@ def size_of(sweep) -> str:
 
 
 def read_diagnostics(root: epath.Path, runs: dict, saved: epath.Path) -> dict:
-  """{point: {seed: [{step, diag/...}]}} from the runs' metrics.jsonl, else the saved copy."""
+  """{point: {seed: [{step, diag/...}]}} from each run's metrics.jsonl, else (a run without its
+  directory: an archived one, or a committed report regenerated) from the saved copy."""
+  old = ({p: {int(s): v for s, v in seeds.items()} for p, seeds in json.loads(saved.read_text()).items()}
+         if saved.exists() else {})
   out = {}
   for point, seeds in runs.items():
     for seed in seeds:
@@ -60,8 +63,8 @@ def read_diagnostics(root: epath.Path, runs: dict, saved: epath.Path) -> dict:
         out.setdefault(point, {})[seed] = [
             {"step": r["step"], **{k[5:]: v for k, v in r.items() if k.startswith("diag/")}}
             for r in rows if any(k.startswith("diag/") for k in r)]
-  if not out and saved.exists():
-    out = {p: {int(s): v for s, v in seeds.items()} for p, seeds in json.loads(saved.read_text()).items()}
+      elif seed in old.get(point, {}):
+        out.setdefault(point, {})[seed] = old[point][seed]
   return out
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from absl import app, flags
 from etils import epath
 
-from experiments.sweeps.spec import Point, Sweep, load_sweep
+from experiments.sweeps.spec import Point, Sweep, load_sweep, read_archive
 from snm_jax.train import plots
 from snm_jax.train.workpath import workdir_path, write_text
 
@@ -39,25 +39,34 @@ SUBPOPULATIONS = ("head", "torso", "tail")
 # ---- loading -----------------------------------------------------------------
 
 def load(root) -> tuple[Sweep, dict, dict]:
-  """-> (sweep, runs {point: {seed: results}}, failed {point: {seed: message}})."""
+  """-> (sweep, runs {point: {seed: results}}, failed {point: {seed: message}}).
+
+  Runs come from DIR/<point>/seed<s>/results.json and, for the (point, seed) pairs without a run
+  directory, from DIR/archive.json (runs finished on another machine: a report's summary.json
+  copied in, `read_archive`). Without either, DIR/summary.json (a committed report's copy) is read.
+  """
   root = workdir_path(root)  # local, or any URI etils.epath reads (gs://...)
   summary = root / "summary.json"
   sweep_file = root / "sweep.json"
   run_files = sorted(root.glob("*/seed*/results.json"))
   fail_files = sorted(root.glob("*/seed*/failed.json"))
-  if not run_files and not fail_files and summary.exists():
+  archived_sweep, archived = read_archive(root)
+  if not run_files and not fail_files and not archived and summary.exists():
     s = json.loads(summary.read_text())
     runs = {p: {int(k): v for k, v in seeds.items()} for p, seeds in s["runs"].items()}
     failed = {p: {int(k): v for k, v in seeds.items()} for p, seeds in s.get("failed", {}).items()}
     return Sweep.from_json(s["sweep"]), runs, failed
-  if not run_files and not fail_files:
-    raise FileNotFoundError(f"no <point>/seed<s>/results.json and no summary.json under {root}")
+  if not run_files and not fail_files and not archived:
+    raise FileNotFoundError(f"no <point>/seed<s>/results.json, archive.json or summary.json under {root}")
   if sweep_file.exists():
     sweep = Sweep.from_json(json.loads(sweep_file.read_text()))
+  elif archived_sweep is not None:
+    sweep = archived_sweep
   else:  # Runs launched by hand: one point per sub-directory, no baseline.
     names = sorted({f.parent.parent.name for f in run_files + fail_files})
     sweep = Sweep(title=f"runs under {root}", config="?", points=tuple(Point(n, {}) for n in names))
-  runs, failed = {}, {}
+  runs = {p: dict(seeds) for p, seeds in archived.items()}
+  failed = {}
   for f in run_files:
     point, seed = f.parent.parent.name, _seed(f.parent.name)
     res = json.loads(f.read_text())

@@ -283,3 +283,49 @@ def test_an_edited_sweep_does_not_reuse_finished_runs(finished_sweep):
   edited = dataclasses.replace(sweep, base_overrides={**sweep.base_overrides, "mining.num_samples": 16})
   with pytest.raises(ConfigError, match=r"mining\.num_samples: saved 32, now 16: .*k1/seed0"):
     ablate.check_finished_runs(edited, workdir)
+
+
+def test_a_sweep_spans_machines_through_its_archived_summary(finished_sweep, sweep_file, tmp_path):
+  """A new workdir holding only a report's summary.json as archive.json: its runs count as finished
+  (skipped, not re-run; omitted from --print_commands), the report reads them next to the new
+  machine's runs (a run directory wins over the archive), and an edited sweep refuses them."""
+  sweep, workdir, _ = finished_sweep
+  report.write_report(workdir, tmp_path / "committed")
+  summary = json.loads((tmp_path / "committed" / "summary.json").read_text())
+  # The first machine had finished k1 only; the second continues the sweep.
+  summary["runs"] = {"k1": summary["runs"]["k1"]}
+  new = tmp_path / "second_machine"
+  new.mkdir()
+  (new / spec.ARCHIVE).write_text(json.dumps(summary))
+  assert ablate.archived_runs(sweep, new) == {"k1": {"seed0", "seed1"}}
+  assert ablate.run_status(ablate.run_dir(new, sweep.points[0], 0),
+                           ablate.archived_runs(sweep, new)) == "archived"
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.ablate", f"--sweep={sweep_file}",
+       f"--workdir={new}", "--print_commands"],
+      cwd=REPO, capture_output=True, text=True, check=True, timeout=60)
+  assert sorted(l.split("--workdir=")[1].split()[0] for l in out.stdout.strip().splitlines()) == [
+      f"{new}/ns/seed0", f"{new}/ns/seed1"]
+  assert "2 finished run(s) omitted" in out.stderr
+  # The second machine's runs: ns copied from the finished sweep (what training would write).
+  for s in (0, 1):
+    (new / "ns" / f"seed{s}").mkdir(parents=True)
+    (new / "ns" / f"seed{s}" / "results.json").write_text(
+        (workdir / "ns" / f"seed{s}" / "results.json").read_text())
+  counts = ablate.run_sweep(sweep, new, log=lambda *_: None)
+  assert counts == {"skipped": 4, "ran": 0, "failed": 0}
+  assert not (new / "k1").exists()
+  _, runs, _ = report.load(new)
+  _, original, _ = report.load(workdir)
+  assert {p: sorted(s) for p, s in runs.items()} == {"k1": [0, 1], "ns": [0, 1]}
+  for p in ("k1", "ns"):
+    for s in (0, 1):
+      assert runs[p][s]["final"] == original[p][s]["final"]
+  # A run directory takes precedence over the archive.
+  (new / "k1" / "seed0").mkdir(parents=True)
+  (new / "k1" / "seed0" / "results.json").write_text(json.dumps({**original["k1"][0], "marker": 1}))
+  assert report.load(new)[1]["k1"][0]["marker"] == 1
+  edited = dataclasses.replace(sweep, base_overrides={**sweep.base_overrides, "mining.num_samples": 16})
+  with pytest.raises(ConfigError, match=r"k1/seed1 was archived with other overrides: "
+                                        r"mining\.num_samples: 32 archived, 16 now"):
+    ablate.archived_runs(edited, new)

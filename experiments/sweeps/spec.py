@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 from snm_jax.train.overrides import apply_overrides  # noqa: F401  (re-exported: sweeps apply them)
+from snm_jax.train.workpath import workdir_path
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 REPO = Path(__file__).resolve().parents[2]
@@ -155,3 +157,24 @@ def load_config(config_arg: str):
   """'experiments/configs/x.py[:arg]' -> get_config(arg) (locked ConfigDict)."""
   file, _, arg = config_arg.partition(":")
   return _import_file(file, "config").get_config(arg)
+
+
+ARCHIVE = "archive.json"
+
+
+def read_archive(root) -> tuple[Sweep | None, dict]:
+  """(the archived sweep or None, {point: {seed: results}}) from root/archive.json.
+
+  A sweep can span machines: its runs' results outlive their run directories in the report's
+  summary.json (committed with the report). Copied into a new workdir as archive.json, its runs
+  count as finished there: `experiments.ablate` skips them (after checking that the sweep still
+  gives them the same overrides) and the reports read them, while a run directory of the same
+  (point, seed) takes precedence. Run directories never write this file: deleting a run's folder
+  re-runs it unless the archive names it.
+  """
+  path = workdir_path(root) / ARCHIVE
+  if not path.exists():
+    return None, {}
+  s = json.loads(path.read_text())
+  runs = {p: {int(k): v for k, v in seeds.items()} for p, seeds in s["runs"].items()}
+  return Sweep.from_json(s["sweep"]), runs
