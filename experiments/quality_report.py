@@ -15,6 +15,7 @@ reports when its ensemble step chooses m = 1), and so on, so they cost no extra 
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -27,6 +28,11 @@ from snm_jax.train.workpath import workdir_path
 _WORKDIRS = flags.DEFINE_string("workdirs", "/tmp/quality", "Root of the quality sweeps' workdirs.")
 _OUT = flags.DEFINE_string("out", "results/quality.md", "Markdown file to write (figures beside it).")
 _PEERS = flags.DEFINE_string("peers", "results/quality/peers.json", "benchmarks/quality_peers.py output.")
+
+# Every row's rendered cells, seeds, note and date, per dataset, beside the figures: rows whose
+# sweeps' workdirs are not on this machine are carried over from it (`render_rows`), so one point
+# can be re-run and the report regenerated without the others' run directories.
+ROWS_FILE = "rows.json"
 
 DATASETS = ("bibtex", "delicious")
 METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@5")
@@ -67,15 +73,40 @@ def _fmt(values: list[float]) -> str:
   return f"{v.mean():.2f} ± {v.std():.2f}" if len(v) > 1 else f"{v.mean():.2f}"
 
 
-def _row(label: str, finals: list[dict], note: str = "") -> str:
-  finals = [f for f in finals if f]
-  if not finals:
-    return ""
-  cells = [_fmt([f[m] for f in finals]) for m in METRICS]
-  return f"| {label} | " + " | ".join(cells) + f" | {len(finals)} | {note} |"
+def _row(label: str, finals: list[dict], note: str = "") -> tuple[str, list[dict], str]:
+  """A table row to render (`render_rows`): its label, the runs' test metrics and a note."""
+  return label, [f for f in finals if f], note
 
 
-def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[str]:
+def render_rows(rows: list, archived: dict, today: str) -> tuple[list[str], dict]:
+  """Markdown lines of `rows` ((label, finals, note), `_row`) and their records for ROWS_FILE.
+
+  A row whose runs are here is computed from them (mean +- std over the seeds) and recorded with
+  today's date; a row without runs (its sweep's workdirs are on another machine) is taken from
+  `archived` (the ROWS_FILE records of an earlier report, {label: record}) and marked so; a row
+  in neither is left out."""
+  lines, records = [], {}
+  for label, finals, note in rows:
+    if label.startswith("|"):  # a separator line
+      lines.append(label)
+      continue
+    if finals:
+      rec = {"cells": [_fmt([f[m] for f in finals]) for m in METRICS], "seeds": len(finals),
+             "note": note, "measured": today}
+    elif label in archived:
+      rec = archived[label]
+    else:
+      continue
+    records[label] = rec
+    shown = rec["note"] if finals else "; ".join(
+        x for x in (rec["note"], f"archived row, measured by {rec['measured']}") if x)
+    lines.append(f"| {label} | " + " | ".join(rec["cells"]) + f" | {rec['seeds']} | {shown} |")
+  return lines, records
+
+
+def dataset_section(name: str, root: Path, before: Path, peers: dict, archived: dict,
+                    today: str) -> tuple[list[str], dict]:
+  """The dataset's table (markdown lines) and its rows' records for ROWS_FILE."""
   lines = [f"### {name.capitalize()}", "",
            "| method | " + " | ".join(METRICS) + " | seeds | notes |",
            "|" + "---|" * (len(METRICS) + 3)]
@@ -92,7 +123,7 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[st
     res = peers.get(name, {}).get("methods", {}).get(peer, {})
     if res.get("status") == "ok":
       rows.append(_row(f"{label} [peer, v{res['version']}]", [res["metrics"]], "benchmarks/quality_peers.py"))
-  rows.append("| *ablations (each from the runs above)* |" + " |" * (len(METRICS) + 2))
+  rows.append(("| *ablations (each from the runs above)* |" + " |" * (len(METRICS) + 2), [], ""))
   rows += [
       _row("xmc, no ensemble (the best candidate alone)",
            [_best_candidate(d, lambda n: True) for d in xmc_dirs] if any("ensemble" in r["recipe"] for r in xmc)
@@ -119,7 +150,8 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict) -> list[st
       _row("before: experiments/configs/default.py (SNM top-1 tower, no validation)",
            [r["final"] for r in _seeds(before, "default")]),
   ]
-  return lines + [r for r in rows if r] + [""]
+  table, records = render_rows(rows, archived, today)
+  return lines + table + [""], records
 
 
 def learning_curves(name: str, root: Path, out_dir: Path) -> str | None:
@@ -201,11 +233,20 @@ def main(argv):
       "members' logits raw beat standardising each by its validation logit std (Bibtex, 3 seeds: 62.16 "
       "/ 28.39 / 58.00 against 62.16 / 28.13 / 57.44).",
       ""]
+  rows_path = fig_dir / ROWS_FILE
+  archived = json.loads(rows_path.read_text()) if rows_path.exists() else {}
+  today = datetime.date.today().isoformat()
+  records = {}
   for name in DATASETS:
-    lines += dataset_section(name, root / name, root / f"before_{name}", peers_json["results"])
-    fig = learning_curves(name, root / name, fig_dir)
+    section, records[name] = dataset_section(name, root / name, root / f"before_{name}",
+                                             peers_json["results"], archived.get(name, {}), today)
+    lines += section
+    # Without the tower runs here, the committed figure (same file name) stays as it is.
+    fig = learning_curves(name, root / name, fig_dir) or (
+        f"tower_curves_{name}.png" if (fig_dir / f"tower_curves_{name}.png").exists() else None)
     if fig:
       lines += [f"![{name} tower curves](quality/{fig})", ""]
+  rows_path.write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n")
   out.write_text("\n".join(lines) + "\n")
   print(out.read_text())
 
