@@ -138,3 +138,20 @@ def test_a_wider_or_narrower_test_header_whose_ids_fit_is_resized(tmp_path):
   np.testing.assert_array_equal(out.labels.toarray(), test.labels.toarray())
   narrow = datasets.XCDataset(sp.csr_matrix(x[:, :2]), test.labels, "tiny", "test")
   assert splits.check_split_compatible(train, narrow).features.shape == (2, 4)
+
+
+def test_carve_writes_the_validation_rows_as_its_test_split(tmp_path):
+  """experiments.carve: the carve's test file is exactly split_validation's held-out part of the
+  (bundled) Bibtex training file, its train file the rest, both read back by the loader."""
+  from experiments import carve  # pylint: disable=g-import-not-at-top
+  bundled = datasets.bundled_data_dir()
+  folder = carve.carve("bibtex", tmp_path, 0.1, seed=3, data_dir=bundled)
+  assert folder == tmp_path / "bibtex"
+  train = datasets.load_dataset("bibtex", "train", data_dir=bundled)
+  kept, held_out = splits.split_validation(train, 0.1, 3)
+  got_train = datasets.load_dataset("bibtex", "train", data_dir=tmp_path)
+  got_test = datasets.load_dataset("bibtex", "test", data_dir=tmp_path)
+  assert (got_train.num_points, got_test.num_points) == (4392, 488)
+  for got, want in ((got_train, kept), (got_test, held_out)):
+    assert got.features.shape == want.features.shape and got.labels.shape == want.labels.shape
+    assert (got.features != want.features).nnz == 0 and (got.labels != want.labels).nnz == 0
