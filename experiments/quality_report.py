@@ -65,6 +65,9 @@ def _xmc_note(runs: list[dict]) -> str:
   if ens:
     note += ("; ensemble of the top m by validation (m <= " + str(ens[0]["max_members"]) +
              ", chosen on validation): m = " + ", ".join(str(e["m"]) for e in ens) + " per seed")
+  splits = {r["recipe"].get("splits", 1) for r in runs}
+  if splits != {1}:
+    note += "; each member the sum of its models on r = " + "/".join(map(str, sorted(splits))) + " validation splits"
   return note
 
 
@@ -113,9 +116,15 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict, archived: 
   xmc = _seeds(root, "xmc")
   xmc_dirs = sorted((root / "xmc").glob("seed*"))
   tower, tower_nodo = _seeds(root, "tower"), _seeds(root, "tower_nodo")
+  tower_recipe = _seeds(root, "tower_recipe")
+  tower_recipe_dirs = sorted((root / "tower_recipe").glob("seed*"))
   tower_narrow = _seeds(root, "tower_narrow")
   rows = [
       _row("**xmc recipe** (this library)", [r["final"] for r in xmc], _xmc_note(xmc)),
+      _row("**SNM tower** alone, through the recipe (`xmc.py:<dataset>,model=snm_tower`) (this library)",
+           [r["final"] for r in tower_recipe], _xmc_note(tower_recipe) if tower_recipe else ""),
+      _row("SNM tower, one model (the recipe's best candidate of split 0, no split or ensemble sum) "
+           "(this library)", [_best_candidate(d, lambda n: True) for d in tower_recipe_dirs]),
       _row("SNM tower 1024/512, dropout 0.5, scores x20 + selection on P@1 (this library)",
            [r["final"] for r in tower]),
   ]

@@ -13,9 +13,11 @@ candidates chosen on a validation split carved from the training file. Points:
   xmc_no_ovr  the recipe without the one-vs-rest candidate (the 6 softmax candidates; their runs are
               xmc's, copied: only the ensemble step differs);
   xmc_select_p1  the softmax candidates chosen on validation P@1 (the recipe's earlier metric);
-  tower       the papers' SNM tower alone with the recipe's tower settings (1024/512, bag dropout
-              0.5, cosine scores x20: recipes.KIND_SETTINGS) and validation-based selection, its
-              table learning rate chosen on validation;
+  tower_recipe  the papers' SNM tower alone through the recipe as shipped (model.kind=snm_tower:
+              its tower settings, recipes.KIND_SETTINGS; its table learning rates, validation splits
+              and ensemble step); its "one model" row is the best candidate of split 0 alone;
+  tower       the SNM tower alone as first measured: one validation split, selection on P@1, no
+              ensemble step;
   tower_narrow  the tower with the recipe's earlier settings (256/128, dropout 0.3, scores x10):
               what the width and score scale contribute;
   tower_nodo  that narrow tower without dropout (the "before regularisation" learning curves;
@@ -49,6 +51,8 @@ def get_sweep(arg: str = "bibtex") -> Sweep:
                 "xmc recipe without the one-vs-rest candidate"),
           Point("xmc_select_p1", {**SELECT_P1, "recipe.search": SOFTMAX_SEARCH},
                 "xmc recipe, selecting on validation P@1"),
+          Point("tower_recipe", {"model.kind": "snm_tower"},
+                "SNM tower through the recipe (model.kind=snm_tower)"),
           Point("tower", {"model.kind": "snm_tower", **SELECT_P1},
                 "SNM tower (1024/512, dropout 0.5, x20, selection on P@1)"),
           Point("tower_narrow", {**NARROW, "model.dropout": 0.3, **SELECT_P1},
