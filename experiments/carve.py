@@ -19,12 +19,15 @@ from snm_jax import data as snm_data
 from snm_jax.data.xc_format import write_xc
 from snm_jax.train.workpath import workdir_path
 
-_DATASET = flags.DEFINE_string("dataset", None, "Dataset name the loader finds (e.g. bibtex).")
-_DATA_DIR = flags.DEFINE_string("data_dir", "", "Where to look for it (default: the loader's places).")
-_FRACTION = flags.DEFINE_float("fraction", 0.1, "Share of the training file held out as the carve's test.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the held-out rows (split_validation's).")
-_OUT = flags.DEFINE_string("out", None, "Folder to write <dataset>/<dataset>_{train,test}.txt into.")
-flags.mark_flags_as_required(["dataset", "out"])
+
+def _define_flags():
+  """Defined only when run as a program (tests import this module beside other absl apps)."""
+  flags.DEFINE_string("dataset", None, "Dataset name the loader finds (e.g. bibtex).")
+  flags.DEFINE_string("data_dir", "", "Where to look for it (default: the loader's places).")
+  flags.DEFINE_float("fraction", 0.1, "Share of the training file held out as the carve's test.")
+  flags.DEFINE_integer("seed", 0, "Seed of the held-out rows (split_validation's).")
+  flags.DEFINE_string("out", None, "Folder to write <dataset>/<dataset>_{train,test}.txt into.")
+  flags.mark_flags_as_required(["dataset", "out"])
 
 
 def carve(name: str, out, fraction: float = 0.1, seed: int = 0, data_dir=None):
@@ -40,8 +43,10 @@ def carve(name: str, out, fraction: float = 0.1, seed: int = 0, data_dir=None):
 
 def main(argv):
   del argv
-  print(carve(_DATASET.value, _OUT.value, _FRACTION.value, _SEED.value, _DATA_DIR.value))
+  f = flags.FLAGS
+  print(carve(f.dataset, f.out, f.fraction, f.seed, f.data_dir))
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
