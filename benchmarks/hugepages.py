@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -45,9 +46,10 @@ def child(ds, reps: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from benchmarks import step_scaling  # pylint: disable=g-import-not-at-top
   from snm_jax import sharding  # pylint: disable=g-import-not-at-top
-  step_scaling.INPUT_VARIANTS = tuple(v for v in step_scaling.INPUT_VARIANTS if v[0])  # sparse only
+  sparse = tuple(v for v in step_scaling.INPUT_VARIANTS if v[0])
   mesh = sharding.make_mesh((1, 1), devices=jax.devices()[:1])
-  rows, _ = step_scaling.run_input_sweep(step_scaling.INPUT_SHAPE, ds, reps, common.matmul_peak(), mesh)
+  rows, _ = step_scaling.run_input_sweep(step_scaling.INPUT_SHAPE, ds, reps, common.matmul_peak(), mesh,
+                                         variants=sparse)
   return {f"{r['variant']}@{r['d']}": r["time_ms"] for r in rows if "time_ms" in r}
 
 
@@ -69,9 +71,9 @@ def run(size: str, out_dir, rounds: int = 0) -> dict:
   summary = {f"{v}_t{hi}_over_t{lo}_{name}": statistics.median(
                  r["ratio"][v] for r in runs if (r["glibc_tunables"] == HUGETLB) == huge)
              for v in variants for name, huge in (("default_pages", False), ("huge_pages", True))}
-  thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+  thp = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
   payload = {"name": "hugepages", "size": size, "machine": common.machine_description(),
-             "transparent_hugepage": open(thp).read().strip() if os.path.exists(thp) else None,
+             "transparent_hugepage": thp.read_text().strip() if thp.exists() else None,
              "config": {"ds": cfg["ds"], "reps": cfg["reps"], "rounds": rounds}, "runs": runs,
              "summary": summary, "load_average": os.getloadavg()}
   common.write_json(out_dir, "hugepages", payload)

@@ -266,12 +266,12 @@ def input_bench(s: Shape, num_features: int, mesh, *, sparse: bool, num_labels: 
 
 
 def run_input_sweep(s: Shape, ds, reps, peak, mesh, budget=common.MEMORY_BUDGET_BYTES,
-                    profile: bool = False) -> tuple[list, list]:
-  """input_sparse and input_dense at every d of `ds`, all built at once and timed round-robin.
-  Returns (rows, op profile of input_sparse at the largest d or [])."""
+                    profile: bool = False, variants=INPUT_VARIANTS) -> tuple[list, list]:
+  """The `variants` (INPUT_VARIANTS' (sparse?, optimiser) pairs) at every d of `ds`, all built at
+  once and timed round-robin. Returns (rows, op profile of input_sparse at the largest d or [])."""
   benches, rows, prof = {}, [], []
   for d in ds:
-    for sparse, optimizer in INPUT_VARIANTS:
+    for sparse, optimizer in variants:
       b = input_bench(s, d, mesh, sparse=sparse, budget=budget, optimizer=optimizer)
       if isinstance(b, dict):
         rows.append(b)

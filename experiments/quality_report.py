@@ -122,7 +122,7 @@ def dataset_section(name: str, root: Path, before: Path, peers: dict, archived: 
   rows = [
       _row("**xmc recipe** (this library)", [r["final"] for r in xmc], _xmc_note(xmc)),
       _row("**SNM tower** alone, through the recipe (`xmc.py:<dataset>,model=snm_tower`) (this library)",
-           [r["final"] for r in tower_recipe], _xmc_note(tower_recipe) if tower_recipe else ""),
+           [r["final"] for r in tower_recipe], _xmc_note(tower_recipe)),
       _row("SNM tower, one model (the recipe's best candidate of split 0, no split or ensemble sum) "
            "(this library)", [_best_candidate(d, lambda n: True) for d in tower_recipe_dirs]),
       _row("SNM tower 1024/512, dropout 0.5, scores x20 + selection on P@1 (this library)",

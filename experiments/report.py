@@ -26,7 +26,7 @@ import numpy as np
 from absl import app, flags
 from etils import epath
 
-from experiments.sweeps.spec import Point, Sweep, load_sweep, read_archive
+from experiments.sweeps.spec import Point, Sweep, load_sweep, read_archive, summary_runs
 from snm_jax.train import plots
 from snm_jax.train.workpath import workdir_path, write_text
 
@@ -53,9 +53,7 @@ def load(root) -> tuple[Sweep, dict, dict]:
   archived_sweep, archived = read_archive(root)
   if not run_files and not fail_files and not archived and summary.exists():
     s = json.loads(summary.read_text())
-    runs = {p: {int(k): v for k, v in seeds.items()} for p, seeds in s["runs"].items()}
-    failed = {p: {int(k): v for k, v in seeds.items()} for p, seeds in s.get("failed", {}).items()}
-    return Sweep.from_json(s["sweep"]), runs, failed
+    return Sweep.from_json(s["sweep"]), summary_runs(s, "runs"), summary_runs(s, "failed")
   if not run_files and not fail_files and not archived:
     raise FileNotFoundError(f"no <point>/seed<s>/results.json, archive.json or summary.json under {root}")
   if sweep_file.exists():

@@ -176,5 +176,9 @@ def read_archive(root) -> tuple[Sweep | None, dict]:
   if not path.exists():
     return None, {}
   s = json.loads(path.read_text())
-  runs = {p: {int(k): v for k, v in seeds.items()} for p, seeds in s["runs"].items()}
-  return Sweep.from_json(s["sweep"]), runs
+  return Sweep.from_json(s["sweep"]), summary_runs(s, "runs")
+
+
+def summary_runs(summary: dict, key: str) -> dict:
+  """{point: {seed: value}} of a report summary's `key` ("runs" or "failed"; JSON keys are strings)."""
+  return {p: {int(k): v for k, v in seeds.items()} for p, seeds in summary.get(key, {}).items()}
