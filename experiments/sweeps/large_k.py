@@ -177,8 +177,9 @@ def get_sweep(arg: str = "1e5") -> Sweep:
   points = _points(size)
   if not uncalibrated:  # each point's run length: its share of the equal budget
     steps = _calibrated_steps(size, points, s["budget_seconds"])
-    times = step_times(size)
-    adaptive, steps[ADAPTIVE] = adaptive_schedule(times, s["budget_seconds"])
+    adaptive = ()
+    if any(p.name == ADAPTIVE for p in points):  # only the 1e5 sweep grows B
+      adaptive, steps[ADAPTIVE] = adaptive_schedule(step_times(size), s["budget_seconds"])
     points = tuple(Point(p.name, {**p.overrides, **_schedule(steps[p.name]),
                                   **({"mining.num_samples_schedule": adaptive} if p.name == ADAPTIVE else {})},
                          p.label) for p in points)
