@@ -39,7 +39,8 @@ import time
 from absl import app, flags, logging
 from etils import epath
 
-from experiments.sweeps.spec import ARCHIVE, Point, Sweep, apply_overrides, load_config, load_sweep, read_archive
+from experiments.sweeps.spec import (ARCHIVE, Point, Sweep, apply_overrides, load_config, load_sweep, merge_sweeps,
+                                     read_archive)
 from snm_jax.errors import ConfigError, SnmJaxError
 from snm_jax.train.workpath import workdir_path, write_text
 
@@ -176,14 +177,7 @@ def write_sweep_json(sweep: Sweep, workdir) -> None:
   if path.exists():
     old = Sweep.from_json(json.loads(path.read_text()))
     if old.name == sweep.name:
-      mine = {p.name for p in sweep.points}
-      order = [p.name for p in old.points] + [p.name for p in sweep.points if p.name not in
-                                               {q.name for q in old.points}]
-      by_name = {**{p.name: p for p in old.points}, **{p.name: p for p in sweep.points}}
-      sweep = dataclasses.replace(
-          sweep, points=tuple(by_name[n] for n in order),
-          seeds=tuple(sorted(set(old.seeds) | set(sweep.seeds))),
-          baseline=sweep.baseline or (old.baseline if old.baseline not in mine else None))
+      sweep = merge_sweeps(old, sweep)
   write_text(path, json.dumps(sweep.to_json(), indent=2, default=str))
 
 

@@ -332,8 +332,9 @@ def claims_section(sections: list[dict]) -> list[str]:
     fracs = {p: _stats([r["final"]["R@5"] / r["final"]["bayes/R@5"] for r in seeds.values()])[0]
              for p, seeds in runs.items()}
     best = max(fracs, key=fracs.get)
-    md.append(f"- **Best method vs Bayes-optimal R@5: {labels[best]} reaches {fracs[best]:.1%}** "
-              f"({'meets' if fracs[best] >= BAYES_TARGET else 'misses'} the {BAYES_TARGET:.0%} target).")
+    target = (f"{'meets' if fracs[best] >= BAYES_TARGET else 'misses'} the {BAYES_TARGET:.0%} target"
+              if sec["size"] == "1e5" else f"the {BAYES_TARGET:.0%} target is set at K = 10^5")
+    md.append(f"- **Best method vs Bayes-optimal R@5: {labels[best]} reaches {fracs[best]:.1%}** ({target}).")
     md.append("")
   return md
 

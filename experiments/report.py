@@ -26,7 +26,7 @@ import numpy as np
 from absl import app, flags
 from etils import epath
 
-from experiments.sweeps.spec import Point, Sweep, load_sweep, read_archive, summary_runs
+from experiments.sweeps.spec import Point, Sweep, load_sweep, merge_sweeps, read_archive, summary_runs
 from snm_jax.train import plots
 from snm_jax.train.workpath import workdir_path, write_text
 
@@ -58,6 +58,8 @@ def load(root) -> tuple[Sweep, dict, dict]:
     raise FileNotFoundError(f"no <point>/seed<s>/results.json, archive.json or summary.json under {root}")
   if sweep_file.exists():
     sweep = Sweep.from_json(json.loads(sweep_file.read_text()))
+    if archived_sweep is not None:  # the points run here (perhaps a few, --only) join the archived ones
+      sweep = merge_sweeps(archived_sweep, sweep)
   elif archived_sweep is not None:
     sweep = archived_sweep
   else:  # Runs launched by hand: one point per sub-directory, no baseline.

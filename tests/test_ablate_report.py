@@ -312,10 +312,15 @@ def test_a_sweep_spans_machines_through_its_archived_summary(finished_sweep, swe
     (new / "ns" / f"seed{s}").mkdir(parents=True)
     (new / "ns" / f"seed{s}" / "results.json").write_text(
         (workdir / "ns" / f"seed{s}" / "results.json").read_text())
-  counts = ablate.run_sweep(sweep, new, log=lambda *_: None)
-  assert counts == {"skipped": 4, "ran": 0, "failed": 0}
+  # The second machine runs only what is left (--only=ns); its sweep.json names ns alone (the one
+  # --print_commands wrote above, naming every point, is gone).
+  (new / "sweep.json").unlink()
+  counts = ablate.run_sweep(ablate.resolve(sweep, only=["ns"]), new, log=lambda *_: None)
+  assert counts == {"skipped": 2, "ran": 0, "failed": 0}
   assert not (new / "k1").exists()
-  _, runs, _ = report.load(new)
+  loaded, runs, _ = report.load(new)
+  assert [(p.name, p.label) for p in loaded.points] == [(p.name, p.label) for p in sweep.points]
+  assert loaded.baseline == sweep.baseline and loaded.seeds == sweep.seeds
   _, original, _ = report.load(workdir)
   assert {p: sorted(s) for p, s in runs.items()} == {"k1": [0, 1], "ns": [0, 1]}
   for p in ("k1", "ns"):
