@@ -322,8 +322,12 @@ def claims_section(sections: list[dict]) -> list[str]:
         fit = np.mean([r.get("tree_fit_seconds", 0.0) for r in runs[tree].values()])
         tree_best = max(plots.curve(tree_mean, "R@5")[2])
         speedup = t_base / t_tree if t_tree > 0 else math.inf
+        verdict = tree_verdict(speedup, tree_best, target)
+        n_seeds = min(len(runs[tree]), len(runs[base]))
+        if n_seeds < 3:
+          verdict += f" (provisional: {n_seeds} seed{'s' if n_seeds > 1 else ''} of 3)"
         md.append(f"- **Adversarial tree vs uniform negative sampling (Eq. 6 vs Eq. 2, 64 draws per "
-                  f"example): {tree_verdict(speedup, tree_best, target)}.** Uniform's best test R@5 "
+                  f"example): {verdict}.** Uniform's best test R@5 "
                   f"{target:.4f} reached after {t_base:.0f} s of training; the tree "
                   + (f"reaches it after {t_tree:.0f} s ({speedup:.1f}x), of which {fit:.0f} s are its fit "
                      f"(measured on the loaded machine; training alone: {t_nofit:.0f} s, "
