@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 ## The whole test suite (this is what CI runs): the parallel part, then the timing-ratio tests alone.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist=loadfile --no-loadscope-reorder -m "not timing" tests
+	$(PY) -m pytest -q -n 2 --dist=loadfile -m "not timing" tests
 	$(PY) -m pytest -q -m timing tests
 
 bench: $(STAMP)
