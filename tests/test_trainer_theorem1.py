@@ -70,16 +70,21 @@ def _train(kind, mask, steps=1200, lam=1e-4):
                          sampler=KnownNoise(), loss=LossSpec(kind=kind, lam=lam, mask_accidental_hits=mask),
                          mesh=mesh, normalize_classes=False, dropout=False, donate=False)
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
+  key = jax.random.key(0)
 
   def body(i, st):
-    return step(st, batch, jax.random.fold_in(jax.random.key(0), i))[0]
+    return step(st, batch, jax.random.fold_in(key, i))[0]
 
-  tables = []
-  for i in range(steps):
-    state = body(i, state)
-    if i >= steps - 300:
-      tables.append(np.asarray(state.table))
-  return np.mean(tables, 0).T  # (X, K): xi_{x,y}, averaged over the last 300 steps
+  @jax.jit  # one program for all steps: 1,200 dispatches of the small step cost more than its compute
+  def run(st):
+    st = jax.lax.fori_loop(0, steps - 300, body, st)
+    def tail(st, i):
+      st = body(i, st)
+      return st, st.table
+    return jax.lax.scan(tail, st, jnp.arange(steps - 300, steps))[1]
+
+  tables = run(state)
+  return np.asarray(tables.mean(0)).T  # (X, K): xi_{x,y}, averaged over the last 300 steps
 
 
 @pytest.fixture(scope="module")
