@@ -12,11 +12,11 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 # One persistent XLA compilation cache per test run: many tests (and the runs they start as
-# subprocesses) compile the same programs, and a hit skips XLA's compile (`make test`, sweeps
-# paused: 10:45 without it, 8:06 with it, 2026-11-26). The pytest process that gets here first makes it; the xdist workers and
-# subprocesses inherit the environment. A cache entry is looked up by the program, the compile
-# options and XLA_FLAGS, so a hit runs the program a fresh compile would have built; an unreadable
-# entry (a run killed mid-write) is a warning and a recompile inside JAX.
+# subprocesses) compile the same programs, and a hit skips XLA's compile (`make test` with the
+# sweeps paused, 2026-11-26: 10:45 without it, 8:06 with it). The pytest process that gets here
+# first makes it; the xdist workers and subprocesses inherit the environment. An entry is looked
+# up by the program, the compile options and XLA_FLAGS, so a hit runs the program a fresh compile
+# would have built; an unreadable entry (a run killed mid-write) is a warning and a recompile.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="snm_jax_tests_xla_cache_")
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
