@@ -278,7 +278,27 @@ def size_section(root: epath.Path, out_root: epath.Path) -> tuple[list[str], dic
     md += [f"**{caption}**", "", f"![{caption}]({size}/{f})", ""]
   if failed:
     md += [f"Failed runs: {json.dumps(failed)}", ""]
-  return md, {"size": size, "runs": runs, "ms": ms, "labels": labels, "cal": cal}
+  return md, {"size": size, "runs": runs, "ms": ms, "labels": labels, "cal": cal, "diag": diag,
+              "sweep": sweep}
+
+
+def mining_reach(sec: dict, point: str = "snm_k16") -> str | None:
+  """One line on how deep uniform mining reaches at this K: the hardest of B uniform draws from K
+  labels ranks about K / B among all K, so at a fixed B the mined negatives are less hard as K
+  grows. Measured: the last evaluation's median rank of the hardest sampled negative and the mining
+  recall@k (mean over seeds)."""
+  last = [r[-1] for r in sec["diag"].get(point, {}).values() if r]
+  if not last:
+    return None
+  p = next(q for q in sec["sweep"].points if q.name == point)
+  b = sec["sweep"].run_overrides(p, 0)["mining.num_samples"]
+  k = next(iter(sec["runs"][point].values()))["num_labels"]
+  rank = np.mean([_diag_value(x, "hardest_mined_rank_median") for x in last])
+  recall = np.mean([_diag_value(x, "mining_recall") for x in last])
+  return (f"- **Mining reach, {sec['labels'][point]}:** the hardest of its B = {b:,} sampled negatives "
+          f"ranks {rank:.0f} among all K at the last evaluation (median over the probe, mean over "
+          f"{len(last)} seed{'s' if len(last) > 1 else ''}; K / B = {k / b:.0f}), mining recall@k "
+          f"{recall:.3f}.")
 
 
 def claims_section(sections: list[dict]) -> list[str]:
@@ -309,6 +329,9 @@ def claims_section(sections: list[dict]) -> list[str]:
                        for p in snms)
       md.append(f"- **SNM vs negative sampling, B = {'1,024' if prefix else '4,096'}: {verdict}.** Best "
                 f"k by R@5 ratio: {labels[best]} ({detail}); by k: {by_k}.")
+    reach = mining_reach(sec)
+    if reach:
+      md.append(reach)
     for tree, base in (("tree_s64", "uniform_s64"),):
       if tree in runs and base in runs:
         cal = sec["cal"]

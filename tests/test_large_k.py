@@ -166,3 +166,16 @@ def test_mean_curve_averages_the_seeds_point_by_point():
   assert mean["seconds_offset"] == pytest.approx(3.0)
   assert large_k_report.time_to_reach(mean, "R@5", 0.45) == pytest.approx(6.0)
   assert large_k_report.time_to_reach(mean, "R@5", 0.1) == pytest.approx(3.5)  # from (3 s, 0)
+
+
+def test_mining_reach_reads_the_last_diagnostics_and_the_points_B():
+  sweep = large_k.get_sweep("1e5")
+  last = lambda rank, recall: [{"step": 1}, {"step": 2, "hardest_mined_rank_median": rank,
+                                              "mining_recall@16": recall}]
+  sec = {"sweep": sweep, "labels": {"snm_k16": "SNM top-16"},
+         "runs": {"snm_k16": {0: {"num_labels": 100_000}, 1: {"num_labels": 100_000}}},
+         "diag": {"snm_k16": {0: last(10.0, 0.04), 1: last(20.0, 0.06)}}}
+  line = large_k_report.mining_reach(sec)
+  assert "B = 4,096" in line and "ranks 15 among" in line and "K / B = 24" in line
+  assert "recall@k 0.050" in line and "2 seeds" in line
+  assert large_k_report.mining_reach({**sec, "diag": {}}) is None
