@@ -425,11 +425,12 @@ def main(argv):
   done = sum(len(sec["runs"][p]) for sec in sections for p in sec["runs"])
   planned = sum(len(sec["labels"]) * 3 for sec in sections)
   intro = ["# Large K: the papers' claims where they are made", "",
-           f"Status: {done} of {planned} runs finished (the sweep resumes where it stopped; methods "
-           "missing below have not run yet, so their claims are not judged).", "",
+           (f"Status: all {planned} runs finished." if done >= planned else
+            f"Status: {done} of {planned} runs finished (the sweep resumes where it stopped; methods "
+            "missing below have not run yet, so their claims are not judged)."), "",
            "Synthetic data with a known p(y|x) (`snm_jax.data.synthetic`), every method trained for the "
            "same calibrated time (`experiments/sweeps/large_k.py`, whose docstring says how), 3 seeds "
-           "where done. Regenerate: `python -m experiments.large_k_report --workdirs=... --out=results/large_k`.",
+           "per point. Regenerate: `python -m experiments.large_k_report --workdirs=... --out=results/large_k`.",
            ""]
   probes = probes_section(workdir_path(_PROBES.value) if _PROBES.value else None, out / "probes.json")
   path = out / "report.md"
