@@ -15,8 +15,11 @@ import tempfile  # noqa: E402
 # subprocesses) compile the same programs, and a hit skips XLA's compile (`make test` with the
 # sweeps paused, 2026-11-26: 10:45 without it, 8:06 with it). The pytest process that gets here
 # first makes it; the xdist workers and subprocesses inherit the environment. An entry is looked
-# up by the program, the compile options and XLA_FLAGS, so a hit runs the program a fresh compile
-# would have built; an unreadable entry (a run killed mid-write) is a warning and a recompile.
+# up by the program, compile options, XLA_FLAGS, devices and jax/jaxlib versions, so a hit runs the
+# program a fresh compile would have built. JAX writes entries in place and never replaces one: an
+# entry left half-written (a run killed mid-write, or read while the other worker writes it) makes
+# every later compile of that program warn and recompile, correct but slower. A pytest killed
+# before exit leaves the folder in the temp dir.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="snm_jax_tests_xla_cache_")
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache

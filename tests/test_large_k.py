@@ -170,12 +170,17 @@ def test_mean_curve_averages_the_seeds_point_by_point():
 
 def test_mining_reach_reads_the_last_diagnostics_and_the_points_B():
   sweep = large_k.get_sweep("1e5")
-  last = lambda rank, recall: [{"step": 1}, {"step": 2, "hardest_mined_rank_median": rank,
-                                              "mining_recall@16": recall}]
-  sec = {"sweep": sweep, "labels": {"snm_k16": "SNM top-16"},
-         "runs": {"snm_k16": {0: {"num_labels": 100_000}, 1: {"num_labels": 100_000}}},
-         "diag": {"snm_k16": {0: last(10.0, 0.04), 1: last(20.0, 0.06)}}}
-  line = large_k_report.mining_reach(sec)
+  last = lambda rank, recall: [{"step": 1, "hardest_mined_rank_median": 1.0, "mining_recall@16": 1.0},
+                               {"step": 2, "hardest_mined_rank_median": rank, "mining_recall@16": recall}]
+  sec = {"sweep": sweep, "labels": {"snm_k16": "SNM top-16", "b1024_snm_k16": "SNM top-16, B=1,024"},
+         "runs": {"snm_k16": {0: {"num_labels": 100_000}, 1: {"num_labels": 100_000}},
+                  "b1024_snm_k16": {0: {"num_labels": 100_000}}},
+         "diag": {"snm_k16": {0: last(10.0, 0.04), 1: last(20.0, 0.06)},
+                  "b1024_snm_k16": {0: last(84.0, 0.01)}}}
+  line = large_k_report.mining_reach(sec, "snm_k16")
   assert "B = 4,096" in line and "ranks 15 among" in line and "K / B = 24" in line
   assert "recall@k 0.050" in line and "2 seeds" in line
-  assert large_k_report.mining_reach({**sec, "diag": {}}) is None
+  small = large_k_report.mining_reach(sec, "b1024_snm_k16")
+  assert "B = 1,024" in small and "ranks 84 among" in small and "K / B = 98" in small
+  assert "1 seed;" in small and "recall@k 0.010" in small
+  assert large_k_report.mining_reach({**sec, "diag": {}}, "snm_k16") is None
