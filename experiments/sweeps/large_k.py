@@ -87,8 +87,9 @@ def _points(size: str) -> tuple[Point, ...]:
                  "adversarial tree (Eq. 6 + Eq. 5), 16/example")
   full = Point("full_softmax", {"loss.kind": "full_softmax", "mining.sampler": "full",
                                 "loss.logit_scale": SOFTMAX_SCALE}, "full softmax")
-  if size == "1e6":  # the minimum at 10^6: SNM top-16, negative sampling, the tree sampler
-    return (snm[1], ns, tree, uniform)
+  if size == "1e6":  # the minimum at 10^6 (SNM top-16, negative sampling, the tree sampler),
+    # uniform Eq. 2 for the tree's claim, and SNM top-1, the best k at 10^5
+    return (snm[0], snm[1], ns, tree, uniform)
   # Negative sampling spreads each step over all B draws (weights 1/B): at the shared learning rate its
   # table moves slowly; this point shows how much a larger one recovers (same computation, same time).
   ns_lr = Point("ns_table_lr8", {**ns.overrides, "table.learning_rate": 4.0},
