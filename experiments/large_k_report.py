@@ -214,6 +214,11 @@ def plot_diagnostics(diag: dict, labels: dict, out: epath.Path, title: str) -> s
   return "diagnostics.png"
 
 
+def last_diagnostics(diag: dict, point: str) -> list[dict]:
+  """The last diagnostics row of each of the point's seeds that logged any."""
+  return [rows[-1] for rows in diag.get(point, {}).values() if rows]
+
+
 def _diag_value(row: dict, key: str):
   if key == "mining_recall":
     return next((v for k, v in row.items() if k.startswith("mining_recall@")), None)
@@ -269,7 +274,7 @@ def size_section(root: epath.Path, out_root: epath.Path) -> tuple[list[str], dic
            "sampled negative among all K, gradient SNR of the class table over 8 negative draws.", ""]
     drows = []
     for p in points:
-      last = [r[-1] for r in diag.get(p.name, {}).values() if r]
+      last = last_diagnostics(diag, p.name)
       if last:
         drows.append([p.label] + [sweep_report.fmt([_diag_value(x, k) for x in last], 3) for k in DIAG_KEYS])
     md += sweep_report._table(["method", "mining recall", "hardest rank (median)", "grad SNR"],  # pylint: disable=protected-access
@@ -287,7 +292,7 @@ def mining_reach(sec: dict, point: str) -> str | None:
   from K labels ranks on the order of K / B among all K (median ~ ln 2 K / B), so at a fixed B the
   mined negatives are less hard as K grows. Measured: the last evaluation's median rank of the
   hardest sampled negative and the mining recall@k (mean over seeds)."""
-  last = [r[-1] for r in sec["diag"].get(point, {}).values() if r]
+  last = last_diagnostics(sec["diag"], point)
   if not last:
     return None
   p = next(q for q in sec["sweep"].points if q.name == point)

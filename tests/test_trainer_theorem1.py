@@ -72,18 +72,14 @@ def _train(kind, mask, steps=1200, lam=1e-4):
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   key = jax.random.key(0)
 
-  def body(i, st):
-    return step(st, batch, jax.random.fold_in(key, i))[0]
-
   @jax.jit  # one program for all steps: 1,200 dispatches of the small step cost more than its compute
   def run(st):
-    st = jax.lax.fori_loop(0, steps - 300, body, st)
-    def tail(st, i):
-      st = body(i, st)
+    def one(st, i):
+      st = step(st, batch, jax.random.fold_in(key, i))[0]
       return st, st.table
-    return jax.lax.scan(tail, st, jnp.arange(steps - 300, steps))[1]
+    return jax.lax.scan(one, st, jnp.arange(steps))[1]
 
-  tables = run(state)
+  tables = run(state)[-300:]
   return np.asarray(tables.mean(0)).T  # (X, K): xi_{x,y}, averaged over the last 300 steps
 
 

@@ -104,9 +104,9 @@ def merge_sweeps(old: Sweep, new: Sweep) -> Sweep:
   """One sweep run piecewise (`experiments.ablate --only/--seeds` calls, or an archive and the runs
   added to it): `old`'s points in their order, then `new`'s others; a point of both as `new` has it;
   the union of the seeds; `new`'s baseline, else `old`'s unless `new` has that point without it."""
-  mine, theirs = {p.name for p in new.points}, [p.name for p in old.points]
+  mine, theirs = {p.name for p in new.points}, {p.name for p in old.points}
   by_name = {**{p.name: p for p in old.points}, **{p.name: p for p in new.points}}
-  order = theirs + sorted(mine - set(theirs), key=[p.name for p in new.points].index)
+  order = [p.name for p in old.points] + [p.name for p in new.points if p.name not in theirs]
   return dataclasses.replace(
       new, points=tuple(by_name[n] for n in order), seeds=tuple(sorted(set(old.seeds) | set(new.seeds))),
       baseline=new.baseline or (old.baseline if old.baseline not in mine else None))
