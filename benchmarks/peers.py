@@ -11,8 +11,8 @@ over the 16 hardest valid negatives), plain SGD: lr 0.1 for the tower (input tab
 0.5 for the class table. Contestants, each on the same random batch and the same initial
 parameters:
 
-  * snm_jax_sparse_input: `snm_jax.train.step.make_train_step` with the input table held outside
-    the tower (`model.input_update="sparse"`, `snm_jax.train.input_table`): row SGD on the
+  * snm_jax_sparse_input: `snm_jax.train.core.step.make_train_step` with the input table held outside
+    the tower (`model.input_update="sparse"`, `snm_jax.train.core.input_table`): row SGD on the
     N x nnz touched input rows and on the drawn and positive class rows; (1, 1) mesh, state donated;
   * snm_jax_dense_input: the same step with the input table a flax parameter
     (`model.input_update="dense"`): its d x 512 gradient and the optax update of all d rows;
@@ -58,9 +58,9 @@ from benchmarks import common
 from snm_jax import losses, sharding
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import SNMTower
-from snm_jax.train import row_optimizers
-from snm_jax.train.input_table import InputTable, split_params
-from snm_jax.train.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.core.input_table import InputTable, split_params
+from snm_jax.train.core.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
 
 try:
   import torch  # pylint: disable=g-import-not-at-top

@@ -45,9 +45,9 @@ from snm_jax import sharding
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models import precision
 from snm_jax.models.towers import SNMTower
-from snm_jax.train import row_optimizers
-from snm_jax.train.input_table import InputTable
-from snm_jax.train.step import SparseInputTrainState, make_train_step
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.core.input_table import InputTable
+from snm_jax.train.core.step import SparseInputTrainState, make_train_step
 
 SIZES = {
     "small": dict(workload=Workload(num_features=20_000, b=1024), ks=(10**4,), reps=10),

@@ -7,7 +7,7 @@ Every method sees the same data: `snm_jax.data.load_dataset(name, "train"|"test"
 rows L2-normalised by `snm_jax.data.l2_normalize_rows` (what `dataset.normalize_rows`
 does in training runs). Every method hands back a (n_test, 5) int array of label ids,
 best first (-1 = no prediction), and is scored by the library's own
-`snm_jax.train.evaluate.multilabel_metrics` with the propensities that the training
+`snm_jax.train.core.evaluate.multilabel_metrics` with the propensities that the training
 loop uses (`jain_propensities(train label counts, n_train, *propensity_params(name))`),
 so the numbers are directly comparable with `results/*/summary.json`.
 
@@ -64,7 +64,7 @@ import scipy.sparse as sp
 
 from snm_jax import data as snm_data
 from snm_jax import metrics as snm_metrics
-from snm_jax.train import evaluate as snm_evaluate
+from snm_jax.train.core import evaluate as snm_evaluate
 
 K_MAX = 5
 METHODS = ("popularity", "pecos_xrlinear", "napkinxc_plt", "ovr_linearsvc", "ovr_logreg",
@@ -151,7 +151,7 @@ def load_normalized(name: str, data_dir: str | None = None):
 
 
 def propensities_for(train) -> np.ndarray:
-  """The training loop's propensities (snm_jax/train/loop.py): Jain et al. with the
+  """The training loop's propensities (snm_jax/train/trainer/loop.py): Jain et al. with the
   dataset's (A, B), label counts and point count of the training split."""
   a, b = snm_metrics.propensity_params(train.name)
   counts = np.asarray(train.labels.getnnz(axis=0), np.int64)
@@ -475,7 +475,7 @@ def render_markdown(payload: dict) -> str:
            ", ".join(f"{k} {v}" for k, v in payload["versions"].items() if v) + ".", "",
            "Same data for every method: the library's `load_dataset` splits, rows L2-normalised by "
            "`snm_jax.data.l2_normalize_rows`. Same metrics: each method's top-5 ids are scored by "
-           "`snm_jax.train.evaluate.multilabel_metrics` with the training loop's Jain propensities "
+           "`snm_jax.train.core.evaluate.multilabel_metrics` with the training loop's Jain propensities "
            "(train label counts, A, B from `propensity_params`). Percent; PSP is normalised "
            "(divided by the best achievable PSP), as the library reports it. Every tool runs at its "
            "defaults (C=1 for scikit-learn), except the `_valC` rows: C chosen from "

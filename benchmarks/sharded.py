@@ -5,7 +5,7 @@ devices, and the bytes communicated per step.
   python -m benchmarks.sharded --small --out=/tmp/sharded.json    # a quick run
 
 (`--size=small|full --out_dir=DIR`, as `benchmarks.run_all` passes them, also
-work: DIR/sharded.json.) The step is `snm_jax.train.step.make_train_step` with
+work: DIR/sharded.json.) The step is `snm_jax.train.core.step.make_train_step` with
 N=256, h=128, B=4096 shared uniform negatives in V=8 strata, SNM top-k (k=16,
 BOWL, hinge), row-wise SGD on the table, and the tiny tower
 `SNMTower(num_features=1024, hidden=h, out=h)` on random rows with nnz=16. Meshes
@@ -68,8 +68,8 @@ from benchmarks import common  # noqa: E402
 from snm_jax import losses, sharding  # noqa: E402
 from snm_jax.mining.samplers import StratifiedSampler  # noqa: E402
 from snm_jax.models.towers import SNMTower  # noqa: E402
-from snm_jax.train import row_optimizers  # noqa: E402
-from snm_jax.train.step import LossSpec, TrainState, make_train_step  # noqa: E402
+from snm_jax.train.core import row_optimizers  # noqa: E402
+from snm_jax.train.core.step import LossSpec, TrainState, make_train_step  # noqa: E402
 
 
 

@@ -8,7 +8,7 @@ hidden=128, out=128)` on random sparse rows with nnz=16 (so the class table and
 the N x B scoring dominate), with N=256 examples, B=4096 shared uniform negatives
 in V=8 strata, SNM top-k (k=16, BOWL, hinge, vartheta = 1/k on the 16 hardest)
 and L2-normalised class rows of width h=128. Variants:
-  * sparse: `snm_jax.train.step.make_train_step` (the project's default step:
+  * sparse: `snm_jax.train.core.step.make_train_step` (the project's default step:
     the N x B scores only rank the negatives; the k selected ones are re-scored
     from their gathered rows and only they are differentiated; row-wise SGD on
     the touched rows), on a (1, 1) mesh, state donated;
@@ -66,9 +66,9 @@ from snm_jax.losses import ranking
 from snm_jax.losses import sampled as sharded_losses
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import SNMTower, l2_normalize
-from snm_jax.train import row_optimizers
-from snm_jax.train.input_table import InputTable, split_params
-from snm_jax.train.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.core.input_table import InputTable, split_params
+from snm_jax.train.core.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,8 +23,8 @@ from absl import flags, logging
 from benchmarks import common
 from experiments.sweeps.spec import apply_overrides, load_config, load_sweep
 from snm_jax import sharding
-from snm_jax.train import classification
-from snm_jax.train.tasks import build_task
+from snm_jax.train.trainer import classification
+from snm_jax.train.trainer.tasks import build_task
 
 _SWEEP = flags.DEFINE_string("sweep", None, "experiments/sweeps/<name>.py[:arg]", required=True)
 _OUT = flags.DEFINE_string("out", None, "JSON file to write.", required=True)

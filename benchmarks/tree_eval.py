@@ -27,7 +27,7 @@ from benchmarks import common
 from snm_jax import adversarial, sharding
 from snm_jax.adversarial import tree as tree_lib
 from snm_jax.mining.retrieval import make_top_k_retrieval
-from snm_jax.train.evaluate import leaf_order_rows
+from snm_jax.train.core.evaluate import leaf_order_rows
 
 SIZES = {"small": dict(ks=(10**4,), reps=5), "full": dict(ks=(10**5, 10**6), reps=10)}
 N, H, PCA, TOP_K, ROW_BLOCK = 256, 128, 16, 100, 4096

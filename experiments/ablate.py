@@ -42,7 +42,7 @@ from etils import epath
 from experiments.sweeps.spec import (ARCHIVE, Point, Sweep, apply_overrides, load_config, load_sweep, merge_sweeps,
                                      read_archive)
 from snm_jax.errors import ConfigError, SnmJaxError
-from snm_jax.train.workpath import workdir_path, write_text
+from snm_jax.train.runtime.workpath import workdir_path, write_text
 
 _CONFIG = flags.DEFINE_string("config", None, "Base config path[:arg]; default: the sweep's own.")
 _SWEEP = flags.DEFINE_string("sweep", None, "experiments/sweeps/<name>.py[:arg].")
@@ -189,7 +189,7 @@ def run_one(sweep: Sweep, point: Point, seed: int, workdir, clean: bool = False,
   (e.g. a non-finite loss) is recorded in failed.json and the sweep goes on.
   """
   # JAX is imported only where runs train, so that --print_commands stays instant.
-  from snm_jax.train import runs  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import runs  # pylint: disable=g-import-not-at-top
   rundir = run_dir(workdir, point, seed)
   config = run_config(sweep, point, seed, base)
   try:
@@ -238,7 +238,7 @@ def check_finished_runs(sweep: Sweep, workdir, base=None) -> None:
   """Raises ConfigError (naming the run and the field) when a finished run's config.json is not
   the config the sweep now gives it (`checkpointing.check_finished_config`): an edited sweep
   never silently keeps results of the old settings. Checked for every run before any trains."""
-  from snm_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer import checkpointing  # pylint: disable=g-import-not-at-top
   for point in sweep.points:
     for seed in sweep.seeds:
       rundir = run_dir(workdir, point, seed)
@@ -309,7 +309,7 @@ def _main(argv):
           print(train_command(sweep, point, seed, _WORKDIR.value, _tree_cache_dir()))
     print(f"# {done} finished run(s) omitted", file=sys.stderr)
     return
-  from snm_jax.train import quiet_logs  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.runtime import quiet_logs  # pylint: disable=g-import-not-at-top
   quiet_logs.install()
   cache = _CACHE.value
   if cache != "none":

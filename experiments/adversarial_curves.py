@@ -15,9 +15,10 @@ import json
 from absl import app, flags
 
 from experiments.configs import adversarial
-from snm_jax.train import quiet_logs, runs
-from snm_jax.train.plots import curve, plot_learning_curves
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.runtime import quiet_logs
+from snm_jax.train.recipes import runs
+from snm_jax.train.runtime.plots import curve, plot_learning_curves
+from snm_jax.train.runtime.workpath import workdir_path
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/snm_jax_adversarial", "Run folders.")
 _OUT = flags.DEFINE_string("out_dir", None, "Where curves.json and the PNGs go (default: workdir).")

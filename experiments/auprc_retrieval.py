@@ -6,7 +6,7 @@ r"""SOPRC on retrieval: mAUPRC and Recall@k of an embedding tower (issue 7).
       --config=experiments/configs/auprc_retrieval.py:runlocal
 
 Every (task, method, seed) of the config's grid is one run of the one training loop
-(config.task="retrieval", snm_jax/train/retrieval.py) in workdir/runs/<task>/<method>/seed<s>:
+(config.task="retrieval", snm_jax/train/trainer/retrieval.py) in workdir/runs/<task>/<method>/seed<s>:
 finished runs are reused, interrupted ones resume from their checkpoints. "untrained" (the
 initial tower) is always evaluated. Writes results.json and results.md (the table).
 """
@@ -23,8 +23,9 @@ from ml_collections import config_flags
 
 from experiments import retrieval_report as report
 from experiments.configs.auprc_retrieval import run_config
-from snm_jax.train import builders, runs
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.config import validation
+from snm_jax.train.recipes import runs
+from snm_jax.train.runtime.workpath import workdir_path
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "auprc_retrieval.py")
 
@@ -40,7 +41,7 @@ def run_experiment(config, workdir) -> dict:
   grid = {(t, m, s): run_config(config, t, m, s) for t in config.tasks for m in methods
           for s in config.seeds}
   for run in grid.values():  # every run's config is checked before anything trains
-    builders.validate(run)
+    validation.validate(run)
   for task in config.tasks:
     per_method = {}
     for method in methods:

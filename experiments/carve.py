@@ -17,7 +17,7 @@ from absl import app, flags
 
 from snm_jax import data as snm_data
 from snm_jax.data.xc_format import write_xc
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.runtime.workpath import workdir_path
 
 
 def _define_flags():

@@ -20,9 +20,10 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from experiments.configs import default, xmc
-from snm_jax.train import quiet_logs, runs
-from snm_jax.train.plots import plot_learning_curves
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.runtime import quiet_logs
+from snm_jax.train.recipes import runs
+from snm_jax.train.runtime.plots import plot_learning_curves
+from snm_jax.train.runtime.workpath import workdir_path
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/snm_jax_demo", "Output folder.")
 _STEPS = flags.DEFINE_integer("steps", None, "Override train.num_steps of every method.")

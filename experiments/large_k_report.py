@@ -25,8 +25,8 @@ from etils import epath
 
 from experiments import report as sweep_report
 from experiments.sweeps import large_k, large_k_probes
-from snm_jax.train import plots
-from snm_jax.train.workpath import workdir_path, write_text
+from snm_jax.train.runtime import plots
+from snm_jax.train.runtime.workpath import workdir_path, write_text
 
 _WORKDIRS = flags.DEFINE_list("workdirs", None, "Sweep folders of large_k.py:<size> runs (or their "
                               "committed OUT/<size> copies).")

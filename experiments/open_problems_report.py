@@ -18,8 +18,8 @@ from absl import app
 from experiments import large_k_report
 from experiments import report as sweep_report
 from experiments.sweeps import large_k
-from snm_jax.train import plots
-from snm_jax.train.workpath import workdir_path, write_text
+from snm_jax.train.runtime import plots
+from snm_jax.train.runtime.workpath import workdir_path, write_text
 
 # --workdirs (the large_k.py:1e5 sweep folder, or its committed copy) and --out are the flags of
 # experiments.large_k_report and experiments.report, imported above.

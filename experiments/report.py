@@ -27,8 +27,8 @@ from absl import app, flags
 from etils import epath
 
 from experiments.sweeps.spec import Point, Sweep, load_sweep, merge_sweeps, read_archive, summary_runs
-from snm_jax.train import plots
-from snm_jax.train.workpath import workdir_path, write_text
+from snm_jax.train.runtime import plots
+from snm_jax.train.runtime.workpath import workdir_path, write_text
 
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: the sweep directory).")
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.runtime.workpath import workdir_path
 
 
 def run_row(results: dict, run_dir, seed: int) -> dict:

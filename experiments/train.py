@@ -19,7 +19,9 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from snm_jax.errors import ConfigError, SnmJaxError
-from snm_jax.train import builders, distributed, quiet_logs, runs
+from snm_jax.train.config import overrides, validation
+from snm_jax.train.runtime import distributed, quiet_logs
+from snm_jax.train.recipes import runs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file[:variant].",
                                           lock_config=True)
@@ -55,11 +57,11 @@ def _unknown_override(argv) -> ConfigError | None:
     config = load_config(spec)
   except Exception:  # pylint: disable=broad-except  (the flag parser reports a broken file)
     return None
-  fields = set(builders.config_fields(config))
+  fields = set(overrides.config_fields(config))
   for arg in argv:
     m = re.match(r"^--?(?:no)?config\.([^=]+)", arg)
     if m and m.group(1) not in fields and not any(f.startswith(m.group(1) + ".") for f in fields):
-      return builders.unknown_field_error(config, m.group(1))
+      return overrides.unknown_field_error(config, m.group(1))
   return None
 
 
@@ -87,7 +89,7 @@ def main(argv):
   except Exception as e:  # pylint: disable=broad-except
     _fail(_one_line(e), USAGE_ERROR)
   try:
-    builders.validate(config)  # before the cluster, the data and any compilation
+    validation.validate(config)  # before the cluster, the data and any compilation
     distributed.maybe_initialize(config.distributed)
     results = runs.train(config, _WORKDIR.value)
   except ConfigError as e:

@@ -13,7 +13,7 @@
 # Process i runs `$PYTHON -m MODULE ARGS...` with
 #   JAX_PLATFORMS=cpu, XLA_FLAGS=... --xla_force_host_platform_device_count=D,
 #   JAX_COORDINATOR_ADDRESS=127.0.0.1:P, JAX_NUM_PROCESSES=N, JAX_PROCESS_ID=i
-# (read by snm_jax/train/distributed.py), and logs to DIR/process_i.log.
+# (read by snm_jax/train/runtime/distributed.py), and logs to DIR/process_i.log.
 # The script waits for all processes; as soon as one fails it kills the others
 # and exits with that process's status (124 on --timeout). A leading `-m`
 # after `--` is accepted and ignored.

@@ -1,7 +1,7 @@
 """The small training runs the tests launch: `experiments/configs/default.py:runlocal` plus dotted overrides."""
 
 from experiments.configs import default, xmc
-from snm_jax.train.overrides import apply_overrides
+from snm_jax.train.config.overrides import apply_overrides
 
 
 def runlocal(overrides=None, **more):

@@ -8,8 +8,8 @@ import optax
 from snm_jax import losses, sharding
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import SNMTower
-from snm_jax.train import row_optimizers
-from snm_jax.train.step import LossSpec, TrainState, make_train_step
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.core.step import LossSpec, TrainState, make_train_step
 
 K, D, H, N, B, NNZ, V = 64, 20, 8, 16, 16, 4, 8
 

@@ -184,7 +184,7 @@ def test_report_numbers_and_figures(finished_sweep, tmp_path):
 
 
 def test_steady_cost_and_class_accuracy_formulas():
-  from snm_jax.train.plots import train_only_curve  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.runtime.plots import train_only_curve  # pylint: disable=g-import-not-at-top
   old = {"steps": 300, "seconds_per_step": 1.0, "train_seconds_this_run": 50.0,
          "train_seconds_excludes_eval": False,
          "history": [{"step": 100, "train_seconds": 20.0, "eval_seconds": 4.0, "m": 1.0},
@@ -221,7 +221,7 @@ SHIPPED = ["table2_bibtex.py", "table2_bibtex.py:b16", "table2_bibtex.py:logisti
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_sweeps_build_valid_configs(name):
-  from snm_jax.train import builders  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.config import validation  # pylint: disable=g-import-not-at-top
   sweep = ablate.resolve(spec.load_sweep(f"experiments/sweeps/{name}"))
   assert len(sweep.points) >= 2 and sweep.seeds
   for point in sweep.points:
@@ -231,13 +231,13 @@ def test_shipped_sweeps_build_valid_configs(name):
       assert c[section][leaf] == value
     num_labels = {"bibtex": 159, "delicious": 983, "digits_head_tail": 10}.get(
         c.dataset.name, c.dataset.synthetic.num_labels)
-    builders.validate(c, num_labels)
+    validation.validate(c, num_labels)
     assert c.seed == sweep.seeds[-1]
 
 
 def test_failed_runs_are_recorded_skipped_and_retried(sweep_file, tmp_path, monkeypatch):
   from snm_jax.errors import NonFiniteLossError  # pylint: disable=g-import-not-at-top
-  from snm_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer import loop  # pylint: disable=g-import-not-at-top
   sweep = ablate.resolve(spec.load_sweep(str(sweep_file)), seeds=1, only=["k1"])
   calls = []
 

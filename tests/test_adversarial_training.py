@@ -12,9 +12,9 @@ from snm_jax import sharding
 from snm_jax.adversarial import random_tree
 from snm_jax.adversarial.training import TreeTrainingSampler
 from snm_jax.models.towers import SNMTower
-from snm_jax.train import row_optimizers
-from snm_jax.train.loop import train_and_evaluate
-from snm_jax.train.step import LossSpec, TrainState, make_train_step
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.trainer.loop import train_and_evaluate
+from snm_jax.train.core.step import LossSpec, TrainState, make_train_step
 from step_fixtures import D, H, K, N, toy_batch
 
 

@@ -12,8 +12,8 @@ import scipy.sparse as sp
 from experiments.configs import common
 from snm_jax.data import array_files, xc_format
 from snm_jax.errors import ConfigError, DataFormatError
-from snm_jax.train import builders
-from snm_jax.train.run_data import load_run_data
+from snm_jax.train.config import builders, validation
+from snm_jax.train.trainer.run_data import load_run_data
 
 REPO = Path(__file__).resolve().parents[1]
 N, D, K = 30, 6, 7
@@ -207,10 +207,10 @@ def test_config_errors_name_the_field_before_any_file_is_read(tmp_path, setup, f
   _write_split(tmp_path, "train")
   _write_split(tmp_path, "test", seed=1)
   c = _files_config(tmp_path)
-  builders.validate(c)  # the good config passes
+  validation.validate(c)  # the good config passes
   setup(c, tmp_path)
   with pytest.raises(ConfigError, match=match) as info:
-    builders.validate(c)
+    validation.validate(c)
   assert info.value.field == field
 
 

@@ -14,8 +14,8 @@ from snm_jax import auprc
 from snm_jax import metrics
 from snm_jax import sharding
 from snm_jax.errors import ConfigError
-from snm_jax.train import loop, retrieval
-from snm_jax.train.task import state_fingerprint
+from snm_jax.train.trainer import loop, retrieval
+from snm_jax.train.core.task import state_fingerprint
 
 
 def test_runlocal_trains_soprc_above_untrained_and_writes_tables(tmp_path):

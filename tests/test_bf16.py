@@ -28,11 +28,12 @@ from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models import precision
 from snm_jax.models.towers import LinearQuery, MLPTower, SNMTower, WideDeepQuery
-from snm_jax.train import builders, row_optimizers
-from snm_jax.train.checkpointing import check_resume_config
-from snm_jax.train.input_table import InputTable, SparseTowerParams, input_table_rows, split_params
-from snm_jax.train.loop import train_and_evaluate
-from snm_jax.train.step import (LossSpec, SparseInputTrainState, TrainState, make_loss_and_grads,
+from snm_jax.train.config import validation
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.trainer.checkpointing import check_resume_config
+from snm_jax.train.core.input_table import InputTable, SparseTowerParams, input_table_rows, split_params
+from snm_jax.train.trainer.loop import train_and_evaluate
+from snm_jax.train.core.step import (LossSpec, SparseInputTrainState, TrainState, make_loss_and_grads,
                                 make_train_step)
 import run_configs
 
@@ -250,12 +251,12 @@ BF16_RUN = {"model.dtype": "bfloat16", "table.dtype": "bfloat16", "table.roundin
 ])
 def test_config_errors(overrides, field):
   with pytest.raises(ConfigError) as e:
-    builders.validate(_config(**overrides))
+    validation.validate(_config(**overrides))
   assert e.value.field == field
   retrieval = _config(**{"model.dtype": "bfloat16"})
   retrieval.task = "retrieval"
   with pytest.raises(ConfigError, match="float32 only"):
-    builders.validate(retrieval)
+    validation.validate(retrieval)
 
 
 def test_older_workdirs_compare_as_float32():

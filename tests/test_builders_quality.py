@@ -13,7 +13,7 @@ from ml_collections import config_flags
 from experiments.configs.common import base_config
 from snm_jax.errors import ConfigError
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
-from snm_jax.train import builders
+from snm_jax.train.config import builders, validation
 from experiments.sweeps.spec import apply_overrides
 
 LR, MOM, WD = 0.1, 0.9, 0.05
@@ -151,7 +151,7 @@ def test_normalize_classes_auto(kind, auto):
   c = _config(**{"model.kind": kind})
   assert c.model.normalize_classes is None
   assert builders.resolve_normalize_classes(c) is auto
-  builders.validate(c, 100)
+  validation.validate(c, 100)
   c.model.normalize_classes = False
   assert builders.resolve_normalize_classes(c) is False
   c.model.normalize_classes = True
@@ -159,7 +159,7 @@ def test_normalize_classes_auto(kind, auto):
     assert builders.resolve_normalize_classes(c) is True
   else:
     with pytest.raises(ConfigError, match=r"model\.normalize_classes.*initialised to 0"):
-      builders.validate(c, 100)
+      validation.validate(c, 100)
     with pytest.raises(ConfigError, match=r"model\.normalize_classes"):
       builders.resolve_normalize_classes(c)
 
@@ -187,18 +187,18 @@ def test_normalize_classes_parses_from_the_command_line(arg, value):
 def test_new_fields_are_validated(field, value, message):
   c = _config(**{field: value})
   with pytest.raises(ConfigError, match=rf"config\.{field}: .*{message}"):
-    builders.validate(c, 100)
+    validation.validate(c, 100)
 
 
 def test_dropout_on_the_linear_model_is_rejected():
   c = _config(**{"model.kind": "linear", "model.dropout": 0.2})
   with pytest.raises(ConfigError, match=r"model\.dropout.*feature_dropout"):
-    builders.validate(c, 100)
-  builders.validate(_config(**{"model.kind": "linear", "model.feature_dropout": 0.2}), 100)
+    validation.validate(c, 100)
+  validation.validate(_config(**{"model.kind": "linear", "model.feature_dropout": 0.2}), 100)
 
 
 def test_defaults_validate_and_change_nothing():
   c = base_config()
-  builders.validate(c, 100)
+  validation.validate(c, 100)
   assert (c.optimizer.weight_decay, c.table.weight_decay, c.model.dropout, c.model.feature_dropout,
           c.table.warmup_steps, c.table.decay) == (0.0, 0.0, 0.0, 0.0, 0, "constant")

@@ -1,5 +1,5 @@
 """Bad input gets a clear error before anything runs (issue "Reliability"): every
-field is validated in one place (`builders.validate`), each message starts with
+field is validated in one place (`validation.validate`), each message starts with
 `config.<field>:` and says what is allowed, an unknown `--config.<field>` names
 the closest valid ones, and the CLI exits with status 2 and one line."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from experiments.configs import default, xmc
 from snm_jax.errors import ConfigError
-from snm_jax.train import builders
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.config import overrides, validation
+from snm_jax.train.trainer.loop import train_and_evaluate
 from experiments.sweeps.spec import apply_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,29 +135,29 @@ def test_bad_field_is_named_before_anything_runs(tmp_path, overrides, field, wor
 
 
 def test_shipped_and_recipe_configs_validate():
-  builders.validate(default.get_config(), 159)
-  builders.validate(xmc.get_config("bibtex"))  # "auto" / -1 are the recipe's to resolve
+  validation.validate(default.get_config(), 159)
+  validation.validate(xmc.get_config("bibtex"))  # "auto" / -1 are the recipe's to resolve
   plain = xmc.get_config("bibtex")
   plain.unlock()
   plain.recipe.name = ""
   with pytest.raises(ConfigError, match=r"^config\.model\.kind: 'auto' is a placeholder that only a recipe"):
-    builders.validate(plain)
+    validation.validate(plain)
 
 
 def test_recipe_fields_match_what_recipes_derive():
-  from snm_jax.train import recipes  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import recipe as recipes  # pylint: disable=g-import-not-at-top
   c = xmc.get_config("bibtex")
   c.unlock()
   c.model.kind = "auto"
   stats = recipes.DataStats(num_train=1000, num_features=50, num_labels=100, labels_per_point=2.0,
                             nnz_per_point=5.0)
-  assert set(recipes.derive(c, stats)) == set(builders.RECIPE_FIELDS)
+  assert set(recipes.derive(c, stats)) == set(validation.RECIPE_FIELDS)
 
 
 def test_unknown_field_names_the_closest_ones():
-  err = builders.unknown_field_error(default.get_config(), "mining.kk")
+  err = overrides.unknown_field_error(default.get_config(), "mining.kk")
   assert str(err).startswith("config.mining.kk: no such config field; closest: mining.k")
-  assert "closest: train.keep_checkpoints" in str(builders.unknown_field_error(
+  assert "closest: train.keep_checkpoints" in str(overrides.unknown_field_error(
       default.get_config(), "train.keep_checkpoint"))
 
 
@@ -167,26 +167,26 @@ RENAMED = [("mining.scale", "expectation", "mining.vartheta_norm"), ("loss.scale
 
 @pytest.mark.parametrize("old,value,new", RENAMED)
 def test_renamed_field_is_refused_with_its_new_name(old, value, new):
-  from snm_jax.train import overrides  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.config import overrides  # pylint: disable=g-import-not-at-top
   assert overrides.RENAMED_FIELDS[old] == new
   expected = f"config.{old}: renamed to {new}"
   with pytest.raises(ConfigError) as info:  # a sweep's / a test's override dict
     config({old: value})
   assert str(info.value).startswith(expected) and info.value.field == old
-  assert str(builders.unknown_field_error(default.get_config(), old)).startswith(expected)
+  assert str(overrides.unknown_field_error(default.get_config(), old)).startswith(expected)
   own = default.get_config()  # a config file of one's own that still sets the old name
   own.unlock()
   section, leaf = old.split(".")
   own[section][leaf] = value
   with pytest.raises(ConfigError, match=f"^{expected}"):
-    builders.validate(own)
+    validation.validate(own)
   with pytest.raises(ConfigError, match=f"^config.recipe.search: {old} was renamed to {new}"):
-    builders.validate(config({**RECIPE, "recipe.search": f"{old}=1,2"}))
+    validation.validate(config({**RECIPE, "recipe.search": f"{old}=1,2"}))
 
 
 def test_saved_config_with_old_names_is_compared_under_the_new_ones():
   import json  # pylint: disable=g-import-not-at-top
-  from snm_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer import checkpointing  # pylint: disable=g-import-not-at-top
   new = json.loads(default.get_config().to_json_best_effort())
   saved = json.loads(json.dumps(new))
   saved["loss"]["scale"] = saved["loss"].pop("logit_scale")

@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-from snm_jax.train import builders
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.config import validation
+from snm_jax.train.trainer.loop import train_and_evaluate
 
 SMALL = [("default", ""), ("default", "runlocal"), ("snm", ""), ("snm", "delicious,k=64"),
          ("snm", "synthetic,kind=powl"), ("negative_sampling", "bibtex"), ("s2m", "delicious,kprime=32"),
@@ -23,7 +23,7 @@ def load(module, arg):
 def test_config_constructs_and_validates(module, arg):
   c = load(module, arg)
   k = c.dataset.synthetic.num_labels if c.dataset.name not in ("bibtex", "delicious") else 983
-  builders.validate(c, k)
+  validation.validate(c, k)
   with pytest.raises(AttributeError):
     c.mining.typo_field = 1  # locked: a typo in an override fails
 
@@ -76,7 +76,7 @@ def test_every_config_has_the_one_runlocal_spelling(module, arg):
   assert small.to_dict() != load(module, arg).to_dict()
   assert small.to_dict() == load(module, f"{arg},runlocal=1" if arg else "runlocal=1").to_dict()
   assert small.to_dict() == load(module, f"{arg},runlocal=true" if arg else "runlocal=true").to_dict()
-  builders.validate(small)
+  validation.validate(small)
   with pytest.raises(ValueError, match="unknown config arguments"):
     load(module, f"{arg},runlocall=1" if arg else "runlocall=1")
 

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from experiments.configs import default
 from experiments.sweeps.spec import apply_overrides
 from snm_jax import sharding
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.trainer.loop import train_and_evaluate
 
 K, D = 50, 32
 

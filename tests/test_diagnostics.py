@@ -1,4 +1,4 @@
-"""Sampler diagnostics (snm_jax/train/diagnostics.py) against NumPy references."""
+"""Sampler diagnostics (snm_jax/train/core/diagnostics.py) against NumPy references."""
 
 import json
 
@@ -9,7 +9,7 @@ import pytest
 
 from snm_jax import losses, sharding
 from snm_jax.mining.samplers import StratifiedSampler
-from snm_jax.train.diagnostics import DIAGNOSTICS_SEED_OFFSET, make_count_above, make_diagnose
+from snm_jax.train.core.diagnostics import DIAGNOSTICS_SEED_OFFSET, make_count_above, make_diagnose
 from step_fixtures import B, K, N, V, loss_spec, make
 
 SEED, STEP = 3, 40
@@ -125,7 +125,7 @@ def test_grad_snr_matches_dense_gradients_over_draws(mesh_shape):
 
 def test_diagnostics_are_logged_and_leave_the_run_unchanged(tmp_path):
   from experiments.configs import default  # pylint: disable=g-import-not-at-top
-  from snm_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   fingerprints = []
   for every in (0, 10):
     config = default.get_config("runlocal")

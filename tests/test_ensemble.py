@@ -1,4 +1,4 @@
-"""Ensembles of the recipe's candidates (snm_jax/train/ensemble.py, recipes.choose_ensemble): the
+"""Ensembles of the recipe's candidates (snm_jax/train/recipes/ensemble.py, recipes.choose_ensemble): the
 concatenated-query retrieval equals the sum of the members' score matrices (NumPy reference, 1 and
 8 devices); m is chosen on validation only; the recipe records it; bad config values are refused."""
 
@@ -10,8 +10,9 @@ import pytest
 
 from snm_jax import sharding
 from snm_jax.mining.retrieval import make_top_k_retrieval
-from snm_jax.train import builders, recipes
-from snm_jax.train.ensemble import Member, make_ensemble
+from snm_jax.train.config import validation
+from snm_jax.train.recipes import recipe as recipes
+from snm_jax.train.recipes.ensemble import Member, make_ensemble
 from run_configs import tiny_synthetic_recipe
 
 NUM_LABELS, K_PAD, D, N = 203, 208, 9, 16   # K not a multiple of the row block or shard count
@@ -120,7 +121,7 @@ def test_ensemble_size_clips_and_zero_means_every_candidate():
 
 
 def test_an_ensemble_of_one_may_be_refit():  # the bad values: test_config_validation.BAD
-  builders.validate(tiny_synthetic_recipe(**{"recipe.ensemble": 1, "recipe.refit": True}))
+  validation.validate(tiny_synthetic_recipe(**{"recipe.ensemble": 1, "recipe.refit": True}))
 
 
 def test_recipe_with_ensemble_records_m_and_members_and_resumes(tmp_path):

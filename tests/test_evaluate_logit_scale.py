@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from snm_jax import sharding
-from snm_jax.train.evaluate import Evaluator
+from snm_jax.train.core.evaluate import Evaluator
 
 
 def test_log_likelihood_uses_the_logit_scale():

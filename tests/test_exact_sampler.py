@@ -151,12 +151,12 @@ def test_lemma2_holds_for_exact_draws_not_for_draws_with_replacement(kind, k):
 
 def test_config_builds_the_exact_sampler_and_validates_b_against_k():
   from experiments.configs import default  # pylint: disable=g-import-not-at-top
-  from snm_jax.train import builders  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.config import builders, validation  # pylint: disable=g-import-not-at-top
   c = default.get_config("runlocal")
   c.mining.sampler, c.mining.num_samples, c.mining.k = "exact", 16, 4
-  builders.validate(c, 40)
+  validation.validate(c, 40)
   sampler, cdf = builders.make_sampler(c, 40)
   assert isinstance(sampler, ExactSampler) and cdf is None
   assert (sampler.num_labels, sampler.num_samples) == (40, 16)
   with pytest.raises(ConfigError, match="mining.num_samples"):
-    builders.validate(c, 16)
+    validation.validate(c, 16)

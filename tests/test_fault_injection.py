@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.trainer.loop import train_and_evaluate
 import run_configs
 
 pytestmark = pytest.mark.slow

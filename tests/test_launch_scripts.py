@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from experiments.configs import default
-from snm_jax.train import distributed
+from snm_jax.train.runtime import distributed
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "launch" / "local_multiprocess.sh"

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from snm_jax import adversarial as adv
 from snm_jax import sharding
 from snm_jax.adversarial import tree as tree_lib
-from snm_jax.train.evaluate import Evaluator, leaf_order_rows
+from snm_jax.train.core.evaluate import Evaluator, leaf_order_rows
 
 C = 203          # labels: L = 256 leaves, 53 of them padding (at random positions)
 K_PAD = 216      # class-table rows (a multiple of 8 and of 3 model shards)

@@ -1,4 +1,4 @@
-"""Post-hoc logit adjustment (snm_jax/train/logit_adjust.py, recipes.choose_logit_adjust): the
+"""Post-hoc logit adjustment (snm_jax/train/core/logit_adjust.py, recipes.choose_logit_adjust): the
 evaluator's adjusted top-k equals a NumPy reference (z - tau log prior, then top-k; 1 and 8
 devices), the prior is the Laplace-smoothed training frequency, tau is chosen on validation only,
 the recipe records it and reuses it, and bad `recipe.logit_adjust` values are refused."""
@@ -13,8 +13,10 @@ import pytest
 import scipy.sparse as sp
 
 from snm_jax import sharding
-from snm_jax.train import builders, logit_adjust, recipes
-from snm_jax.train.evaluate import Evaluator, label_bias_fn
+from snm_jax.train.config import validation
+from snm_jax.train.core import logit_adjust
+from snm_jax.train.recipes import recipe as recipes
+from snm_jax.train.core.evaluate import Evaluator, label_bias_fn
 from run_configs import tiny_synthetic_recipe
 
 N, D, H, K, K_PAD = 24, 6, 5, 37, 40   # K not a multiple of the row block or the shard count
@@ -102,7 +104,7 @@ def test_tau_is_chosen_on_validation_and_only_the_chosen_tau_sees_test():
 
 
 def test_logit_adjust_grid_parsing():  # the bad values: test_config_validation.BAD
-  builders.validate(tiny_synthetic_recipe(**{"recipe.logit_adjust": "", "recipe.ensemble": 1,
+  validation.validate(tiny_synthetic_recipe(**{"recipe.logit_adjust": "", "recipe.ensemble": 1,
                                              "recipe.refit": True}))
   assert logit_adjust.parse_grid("") == (0.0,) and logit_adjust.parse_grid(" 0 , 2 ") == (0.0, 2.0)
 

@@ -168,7 +168,7 @@ def test_subpopulation_masks():
 
 def test_explicit_propensity_parameters_win_over_the_dataset_name():
   from experiments.configs import common  # pylint: disable=g-import-not-at-top
-  from snm_jax.train.evaluate import propensity_ab  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.core.evaluate import propensity_ab  # pylint: disable=g-import-not-at-top
   c = common.base_config()
   assert propensity_ab(c, "amazon-670k") == (0.6, 2.6)
   assert propensity_ab(c, None) == (0.55, 1.5)

@@ -22,8 +22,8 @@ from snm_jax import losses
 from snm_jax.errors import ConfigError
 from snm_jax.losses import registry, sampled
 from snm_jax.mining.samplers import ExactSampler
-from snm_jax.train import builders
-from snm_jax.train.step import LossSpec
+from snm_jax.train.config import builders, validation
+from snm_jax.train.core.step import LossSpec
 import np_reference as ref
 from step_fixtures import B as STEP_B, K as STEP_K, make
 from test_train_loop import synthetic_config
@@ -237,7 +237,7 @@ def test_train_step_has_sampled_softmax_loss_and_moves_fewer_rows():
 
 def test_config_gives_k_to_the_loss_and_rejects_what_it_cannot_run():
   c = synthetic_config(**{"loss.kind": "mined_softmax", "mining.num_samples": 32, "mining.k": 5})
-  builders.validate(c)
+  validation.validate(c)
   spec = builders.make_loss_spec(c, 256)
   assert spec.kind == "mined_softmax" and spec.mined_k == 5 and not spec.dense_score_grad
   assert builders.make_loss_spec(synthetic_config(**{"loss.kind": "sampled_softmax"}), 256).mined_k == 0
@@ -248,7 +248,7 @@ def test_config_gives_k_to_the_loss_and_rejects_what_it_cannot_run():
                            ({"mining.sampler": "full"}, "mining.sampler"),
                            ({"loss.mask_accidental_hits": False}, "loss.mask_accidental_hits")]:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-      builders.validate(apply_overrides(c.copy_and_resolve_references(), overrides))
+      validation.validate(apply_overrides(c.copy_and_resolve_references(), overrides))
 
 
 # ---- (d) end to end --------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_config_gives_k_to_the_loss_and_rejects_what_it_cannot_run():
 def test_training_learns_and_is_reproducible_bit_for_bit(tmp_path):
   """100 steps on 256 synthetic labels: R@5 far above an untrained model's (0.01 measured;
   chance 5/256 = 0.02) and within the Bayes-optimal R@5, and the same seed gives the same state, bit for bit."""
-  from snm_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   run = {"loss.kind": "mined_softmax", "mining.num_samples": 64, "mining.k": 8, "loss.logit_scale": 8.0,
          "train.batch_size": 64, "train.num_steps": 100, "train.log_every": 25}
   first = train_and_evaluate(synthetic_config(**run), tmp_path / "a")

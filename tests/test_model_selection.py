@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from snm_jax.train.loop import train_and_evaluate
-from snm_jax.train.progress import Progress
+from snm_jax.train.trainer.loop import train_and_evaluate
+from snm_jax.train.runtime.progress import Progress
 from test_train_loop import synthetic_config
 
 

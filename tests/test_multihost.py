@@ -24,8 +24,8 @@ import jax
 import numpy as np
 import pytest
 
-from snm_jax.train.checkpointing import Checkpointer, abstract_like
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like
+from snm_jax.train.trainer.loop import train_and_evaluate
 import run_configs
 
 pytestmark = pytest.mark.multiprocess

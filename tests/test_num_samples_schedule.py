@@ -1,4 +1,4 @@
-"""mining.num_samples_schedule (snm_jax/train/sample_schedule.py): B grows at phase boundaries,
+"""mining.num_samples_schedule (snm_jax/train/config/sample_schedule.py): B grows at phase boundaries,
 one compiled step per B, each phase's step exactly the fixed-B step, resume bit-exact inside a
 phase and across a boundary, bad schedules refused before anything runs."""
 
@@ -12,11 +12,12 @@ from experiments.configs import default
 from experiments.sweeps.spec import apply_overrides
 from snm_jax import sharding
 from snm_jax.errors import ConfigError
-from snm_jax.train import builders, classification, sample_schedule
-from snm_jax.train import step as step_lib
-from snm_jax.train.checkpointing import check_resume_config
-from snm_jax.train.loop import train_and_evaluate
-from snm_jax.train.task import state_fingerprint
+from snm_jax.train.config import sample_schedule, validation
+from snm_jax.train.trainer import classification
+from snm_jax.train.core import step as step_lib
+from snm_jax.train.trainer.checkpointing import check_resume_config
+from snm_jax.train.trainer.loop import train_and_evaluate
+from snm_jax.train.core.task import state_fingerprint
 
 SCHEDULE = ((0, 8), (3, 16), (6, 32))  # two boundaries: steps 1-3 B=8, 4-6 B=16, 7-8 B=32
 STEPS = 8
@@ -145,24 +146,24 @@ def test_changed_schedule_is_refused_on_resume():
 ])
 def test_bad_schedule_is_a_config_error(overrides, words):
   with pytest.raises(ConfigError, match=r"config\.mining\.num_samples_schedule: .*" + words):
-    builders.validate(config(**overrides))
+    validation.validate(config(**overrides))
 
 
 def test_schedule_checks_that_need_K():
   # The exact sampler draws B < K distinct negatives, in every phase; K = 256 here.
   exact = config(**{"mining.sampler": "exact", "mining.num_samples_schedule": ((0, 64), (3, 256))})
-  builders.validate(exact)  # without K: nothing to refuse
+  validation.validate(exact)  # without K: nothing to refuse
   with pytest.raises(ConfigError, match=r"mining\.num_samples_schedule: phase \(3, 256\).*B=256 must be < K=256"):
-    builders.validate(exact, K)
+    validation.validate(exact, K)
   # The exact sampler and B not divisible by the strata: fine (it does not stratify).
-  builders.validate(config(**{"mining.sampler": "exact", "mining.num_samples_schedule": ((0, 12), (3, 20))}), K)
+  validation.validate(config(**{"mining.sampler": "exact", "mining.num_samples_schedule": ((0, 12), (3, 20))}), K)
   # The schedule replaces mining.num_samples: a k above it but not above any phase's B is fine.
-  builders.validate(config(**{"mining.num_samples": 2, "mining.num_samples_schedule": ((0, 8),)}), K)
+  validation.validate(config(**{"mining.num_samples": 2, "mining.num_samples_schedule": ((0, 8),)}), K)
   # Each phase's vartheta: the floor 1.0 is below (K-1)/(kB) = 255/32 at B = 8, above 255/512 at B = 128.
   floored = config(**{"mining.floor": 1.0, "mining.num_samples_schedule": ((0, 8), (3, 128))})
   with pytest.raises(ConfigError, match=r"mining\.num_samples_schedule: phase \(3, 128\): .*floor"):
-    builders.validate(floored, K)
-  builders.validate(config(**{"mining.floor": 1.0, "mining.num_samples_schedule": ((0, 8), (3, 16))}), K)
+    validation.validate(floored, K)
+  validation.validate(config(**{"mining.floor": 1.0, "mining.num_samples_schedule": ((0, 8), (3, 16))}), K)
 
 
 def test_schedule_from_the_command_line():
@@ -176,7 +177,7 @@ def test_schedule_from_the_command_line():
   values(argv)
   assert values.config.mining.num_samples_schedule == ((0, 8), (3, 16))
   assert sample_schedule.phases(values.config) == ((0, 8), (3, 16))
-  builders.validate(values.config)
+  validation.validate(values.config)
 
 
 class _FakeState:

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 
 from benchmarks import quality_peers as qp
 from snm_jax import data as snm_data
-from snm_jax.train import evaluate as snm_evaluate
+from snm_jax.train.core import evaluate as snm_evaluate
 
 NUM_LABELS, DIM = 8, 24
 

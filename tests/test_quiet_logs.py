@@ -2,7 +2,7 @@
 
 import logging
 
-from snm_jax.train import quiet_logs
+from snm_jax.train.runtime import quiet_logs
 
 
 def _record(name, level, msg, pathname="x.py"):

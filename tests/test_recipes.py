@@ -7,8 +7,8 @@ import pytest
 
 from experiments.configs import xmc
 from snm_jax.errors import ConfigError
-from snm_jax.train import recipes
-from snm_jax.train.recipes import DataStats
+from snm_jax.train.recipes import recipe as recipes
+from snm_jax.train.recipes.recipe import DataStats
 from run_configs import tiny_synthetic_recipe
 
 
@@ -185,14 +185,14 @@ def test_one_vs_rest_candidate_builds_the_squared_hinge_ovr_loss():
   one-vs-rest reference sq_hinge(v_y) + (K-1)/(k B) sum_{j not in Y} sq_hinge(-v_j)."""
   import numpy as np
   from snm_jax.losses import registry
-  from snm_jax.train import builders
-  from snm_jax.train.overrides import with_overrides
+  from snm_jax.train.config import builders, validation
+  from snm_jax.train.config.overrides import with_overrides
 
   c = xmc.get_config("bibtex")
   st = stats(**BIBTEX_LIKE)
   fields = dict(recipes.candidate_list(c, st, recipes.derive(c, st))[6][2])
   cand = with_overrides(c, {**fields, "recipe.name": ""})
-  builders.validate(cand, num_labels=st.num_labels)
+  validation.validate(cand, num_labels=st.num_labels)
   spec = builders.make_loss_spec(cand, st.num_labels)
   num_k, b, k = st.num_labels, fields["mining.num_samples"], fields["mining.k"]
   assert spec.head_minus_tail == () and spec.tail == pytest.approx((num_k - 1) / (k * b))
@@ -219,8 +219,8 @@ def test_one_vs_rest_pairs_weigh_every_positive_once():
   import scipy.sparse as sp
   from snm_jax.data import conversions
   from snm_jax.losses import registry
-  from snm_jax.train import builders
-  from snm_jax.train.overrides import with_overrides
+  from snm_jax.train.config import builders
+  from snm_jax.train.config.overrides import with_overrides
 
   c = xmc.get_config("bibtex")
   st = stats(**BIBTEX_LIKE)
@@ -268,16 +268,16 @@ def test_a_diverged_candidate_is_left_out_not_fatal(tmp_path):
 
 
 def test_the_full_sampler_takes_the_ordered_weighted_losses_only_besides_full_softmax():
-  from snm_jax.train import builders
-  from snm_jax.train.overrides import with_overrides
+  from snm_jax.train.config import validation
+  from snm_jax.train.config.overrides import with_overrides
   c = xmc.get_config("bibtex")
   st = stats(**BIBTEX_LIKE)
   fields = dict(recipes.candidate_list(c, st, recipes.derive(c, st))[6][2])
   for kind in ("sampled_softmax", "logistic_ns", "nce"):
     bad = with_overrides(c, {**fields, "recipe.name": "", "loss.kind": kind})
     with pytest.raises(ConfigError, match="mining.sampler.*full_softmax, bowl or powl"):
-      builders.validate(bad, num_labels=st.num_labels)
-  builders.validate(with_overrides(c, {**fields, "recipe.name": "", "loss.kind": "powl"}),
+      validation.validate(bad, num_labels=st.num_labels)
+  validation.validate(with_overrides(c, {**fields, "recipe.name": "", "loss.kind": "powl"}),
                     num_labels=st.num_labels)
 
 
@@ -301,15 +301,15 @@ def test_the_number_of_validation_splits_follows_the_validation_size():
 @pytest.mark.parametrize("field,value", [("recipe.splits", 0), ("recipe.splits", -2),
                                          ("recipe.min_validation", -1)])
 def test_bad_split_fields_are_refused(field, value):
-  from snm_jax.train import builders
+  from snm_jax.train.config import validation
   c = tiny_synthetic_recipe(**{field: value})
   with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-    builders.validate(c)
+    validation.validate(c)
 
 
 def test_several_splits_choose_on_the_mean_and_score_every_splits_models(tmp_path):
-  from snm_jax.train.run_data import load_run_data
-  from snm_jax.train.overrides import with_overrides
+  from snm_jax.train.trainer.run_data import load_run_data
+  from snm_jax.train.config.overrides import with_overrides
   c = tiny_synthetic_recipe(1000, 100, **{"recipe.search": "table.learning_rate*=0.01,1",
                                           "recipe.splits": 2, "recipe.ensemble": 2})
   # The two splits hold out as many points, not the same ones, from the same training file.

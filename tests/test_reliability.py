@@ -18,10 +18,10 @@ import pytest
 
 from snm_jax import sharding
 from snm_jax.errors import CheckpointError, ConfigError, NonFiniteLossError, WorkdirInUseError
-from snm_jax.train import classification
-from snm_jax.train.checkpointing import state_digest
-from snm_jax.train.host import workdir_lock
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.trainer import classification
+from snm_jax.train.trainer.checkpointing import state_digest
+from snm_jax.train.runtime.host import workdir_lock
+from snm_jax.train.trainer.loop import train_and_evaluate
 from step_fixtures import make
 from test_train_loop import synthetic_config
 
@@ -162,7 +162,7 @@ def test_a_locked_workdir_is_refused_naming_the_holder_and_released_after_errors
 def test_cli_on_a_workdir_in_use_exits_with_one_line(tmp_path):
   wd = tmp_path / "run"
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time; from snm_jax.train.host import workdir_lock\n"
+      [sys.executable, "-c", "import sys, time; from snm_jax.train.runtime.host import workdir_lock\n"
        f"with workdir_lock({str(wd)!r}):\n  print('locked', flush=True); time.sleep(120)"],
       cwd=REPO, stdout=subprocess.PIPE, text=True)
   try:
@@ -213,7 +213,7 @@ def test_skip_stops_once_its_budget_is_spent(tmp_path, monkeypatch):
 
 def test_a_nonfinite_gradient_with_a_finite_loss_drops_the_step():
   s = make((1, 1))
-  from snm_jax.train.step import make_train_step  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.core.step import make_train_step  # pylint: disable=g-import-not-at-top
   from step_fixtures import loss_spec  # pylint: disable=g-import-not-at-top
 
   def apply(params, ids, vals):  # d/dx sqrt(|x|) at 0 is inf: NaN gradients, finite output
@@ -235,7 +235,7 @@ def test_a_finished_run_is_not_reused_for_another_config(tmp_path):
   """reuse.run_or_load reads results.json back only for the config that wrote it (fields that
   change no result, e.g. train.log_every or the mesh, may differ); otherwise a ConfigError
   names the field, and nothing trains."""
-  from snm_jax.train import reuse  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import reuse  # pylint: disable=g-import-not-at-top
   from run_configs import runlocal  # pylint: disable=g-import-not-at-top
   config = runlocal()
   (tmp_path / "config.json").write_text(config.to_json_best_effort())

@@ -25,8 +25,8 @@ from etils import epath
 from etils.epath import testing as epath_testing
 from orbax.checkpoint._src.path import gcs_utils
 
-from snm_jax.train import host, workpath, writers
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.runtime import host, workpath, writers
+from snm_jax.train.trainer.loop import train_and_evaluate
 import run_configs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def test_remote_lock_is_advisory_and_names_the_previous_holder(fake_gcs, caplog)
 
 def test_gs_checkpoints_restore_and_quarantine_in_the_bucket(fake_gcs):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from snm_jax.train.checkpointing import Checkpointer, abstract_like  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like  # pylint: disable=g-import-not-at-top
   ckpt = Checkpointer("gs://b/run/checkpoints", keep=3, async_save=False)
   assert str(ckpt.directory) == "gs://b/run/checkpoints"
   state = {"w": jnp.arange(6.0).reshape(2, 3)}

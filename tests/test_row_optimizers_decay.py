@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from snm_jax.train import row_optimizers
-from snm_jax.train.row_optimizers import apply_row_update
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.core.row_optimizers import apply_row_update
 
 R, H = 12, 3
 LR, WD, BETA = 0.3, 0.5, 0.9

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from experiments.configs import adversarial, common, default, snm
 from snm_jax.data import datasets, xc_format
 from snm_jax.errors import ConfigError, DataFormatError
-from snm_jax.train.run_data import load_run_data
+from snm_jax.train.trainer.run_data import load_run_data
 
 REPO = Path(__file__).resolve().parents[1]
 

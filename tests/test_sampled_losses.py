@@ -76,7 +76,7 @@ KINDS = ("bowl", "powl", "sampled_softmax", "mined_softmax", "full_softmax", "lo
 
 
 def test_registry_covers_the_trainer_kinds():
-  from snm_jax.train.builders import LOSS_KINDS  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.config.builders import LOSS_KINDS  # pylint: disable=g-import-not-at-top
   assert set(registry.LOSSES) == set(LOSS_KINDS) == set(KINDS)
   with pytest.raises(ValueError, match="unknown loss kind"):
     registry.get_loss("owl")

@@ -14,8 +14,8 @@ import pytest
 
 from snm_jax import sharding
 from snm_jax.mining.retrieval import dense_top_k_reference, make_top_k_retrieval
-from snm_jax.train.checkpointing import Checkpointer
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.trainer.checkpointing import Checkpointer
+from snm_jax.train.trainer.loop import train_and_evaluate
 import run_configs
 
 # Sharded vs 1-device runs differ only in float summation order (psums over the

@@ -19,11 +19,12 @@ from snm_jax import losses, sharding
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import SNMTower, WideDeepQuery
-from snm_jax.train import builders, row_optimizers
-from snm_jax.train.checkpointing import Checkpointer
-from snm_jax.train.input_table import InputTable, SparseTowerParams, input_table_rows, split_params
-from snm_jax.train.loop import train_and_evaluate
-from snm_jax.train.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
+from snm_jax.train.config import builders, validation
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.trainer.checkpointing import Checkpointer
+from snm_jax.train.core.input_table import InputTable, SparseTowerParams, input_table_rows, split_params
+from snm_jax.train.trainer.loop import train_and_evaluate
+from snm_jax.train.core.step import LossSpec, SparseInputTrainState, TrainState, make_train_step
 import run_configs
 
 K, D, H, N, B, NNZ, V = 64, 100, 8, 16, 16, 4, 8
@@ -253,7 +254,7 @@ def _config(**overrides):
 ])
 def test_config_errors(overrides, field, message):
   with pytest.raises(ConfigError, match=message) as e:
-    builders.validate(_config(**overrides))
+    validation.validate(_config(**overrides))
   assert e.value.field == field
 
 
@@ -261,7 +262,7 @@ def test_the_default_is_sparse_and_the_base_configs_validate():
   """model.input_update defaults to sparse (it matched the dense update on the demo, README);
   every run trained before the field existed is reproduced with model.input_update=dense."""
   assert default.get_config().model.input_update == "sparse"
-  builders.validate(default.get_config())
+  validation.validate(default.get_config())
 
 
 def test_input_row_optimiser_follows_the_tower_optimiser():
@@ -274,8 +275,8 @@ def test_input_row_optimiser_follows_the_tower_optimiser():
   # A dense-matmul bag is a dense layer (its gradient is the whole table): optax updates it.
   for bag in ("dense", "auto"):
     assert not builders.sparse_input_table(_config(**{"model.bag_matmul": bag}))
-  builders.validate(_config(**{"model.kind": "linear", "optimizer.name": "adam"}))
-  builders.validate(_config(**{"model.bag_matmul": "dense", "optimizer.name": "adam"}))
+  validation.validate(_config(**{"model.kind": "linear", "optimizer.name": "adam"}))
+  validation.validate(_config(**{"model.bag_matmul": "dense", "optimizer.name": "adam"}))
   retrieval = _config(**{"optimizer.name": "adam"})
   retrieval.task = "retrieval"
   assert not builders.sparse_input_table(retrieval)
@@ -363,7 +364,7 @@ def test_capped_merge_equals_the_full_merge(name, wd):
 def test_resuming_an_older_workdir_with_a_sparse_input_table_is_refused():
   """A config.json written before model.input_update existed meant the dense update: resuming it
   with input_update=sparse (another state pytree) is a config error, not an unreadable checkpoint."""
-  from snm_jax.train.checkpointing import check_resume_config  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer.checkpointing import check_resume_config  # pylint: disable=g-import-not-at-top
   new = _config().to_dict()
   saved = _config(**{"model.input_update": "dense"}).to_dict()
   del saved["model"]["input_update"]

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from snm_jax.errors import ConfigError, NonFiniteLossError
-from snm_jax.train.loop import train_and_evaluate
+from snm_jax.train.trainer.loop import train_and_evaluate
 import run_configs
 
 

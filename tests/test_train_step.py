@@ -172,7 +172,7 @@ def test_valid_negatives_metric_counts_the_mask():
 def test_additive_sgd_update_equals_the_merged_update():
   """SGD's scatter-add fast path equals the unique + segment-sum path on
   duplicate, out-of-shard and padding ids."""
-  from snm_jax.train import row_optimizers as ro  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.core import row_optimizers as ro  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   table = jnp.asarray(rng.normal(size=(10, 3)), jnp.float32)
   ids = jnp.asarray([1, 4, 1, 1, 10, -3, 9, 4], jnp.int32)

@@ -12,8 +12,8 @@ import pytest
 from snm_jax import sharding
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
-from snm_jax.train import row_optimizers
-from snm_jax.train.step import LossSpec, TrainState, make_train_step
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.core.step import LossSpec, TrainState, make_train_step
 from step_fixtures import B, D, H, K, N, V, loss_spec, make, toy_batch
 
 KEY = jax.random.key(7)

@@ -17,8 +17,8 @@ import pytest
 
 from snm_jax import sharding
 from snm_jax.losses import registry
-from snm_jax.train import row_optimizers
-from snm_jax.train.step import LossSpec, TrainState, make_train_step
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.core.step import LossSpec, TrainState, make_train_step
 
 K, X, S, PER_POINT = 6, 2, 64, 100
 P_D = np.array([[0.40, 0.25, 0.15, 0.10, 0.05, 0.05],

@@ -11,8 +11,8 @@ from experiments.configs import adversarial
 from snm_jax.adversarial import cache
 from snm_jax.adversarial.fit import LevelReport
 from snm_jax.adversarial.tree import ProbabilisticTree
-from snm_jax.train.overrides import apply_overrides
-from snm_jax.train.runs import train
+from snm_jax.train.config.overrides import apply_overrides
+from snm_jax.train.recipes.runs import train
 
 
 @pytest.fixture

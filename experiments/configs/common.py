@@ -5,7 +5,7 @@ field can also be overridden on the command line (`--config.mining.k=16`).
 A config's argument (`--config=file.py:arg`) is parsed by `parse_arg` into
 typed values declared with their defaults; every config has `runlocal`, the
 seconds-long variant for tests: `file.py:runlocal`, `file.py:bibtex,runlocal`.
-Fields renamed since: snm_jax/train/overrides.py RENAMED_FIELDS (the old names
+Fields renamed since: snm_jax/train/config/overrides.py RENAMED_FIELDS (the old names
 are refused with the new one).
 """
 
@@ -127,7 +127,7 @@ def base_config() -> ml_collections.ConfigDict:
   # first at 0, e.g. ((0, 1024), (4000, 2048), (8000, 4096)): the states at state.step >= start_step (logged
   # steps start_step + 1, ...) draw B negatives and use the loss B defines (vartheta, logQ counts). () = B is
   # mining.num_samples throughout; with a schedule mining.num_samples is unused. One step compiled per B
-  # (snm_jax/train/sample_schedule.py). Samplers uniform, unigram, exact, tree. Command line:
+  # (snm_jax/train/config/sample_schedule.py). Samplers uniform, unigram, exact, tree. Command line:
   # --config.mining.num_samples_schedule="((0,1024),(4000,2048))". Not changeable on resume.
   c.mining.num_samples_schedule = ()
   c.mining.num_strata = 8         # V: sampling strata; the mesh's model size must divide it.
@@ -178,7 +178,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Validation metric that selects the state evaluated on test (needs dataset.validation_fraction > 0).
   c.eval.select_metric = "P@1"
 
-  # Sampler diagnostics on a fixed probe batch (snm_jax/train/diagnostics.py), logged as diag/...:
+  # Sampler diagnostics on a fixed probe batch (snm_jax/train/core/diagnostics.py), logged as diag/...:
   # mining recall@k against exact mining over all K, the rank of the hardest sampled negative,
   # and the class-table gradient's signal-to-noise ratio over independent negative draws.
   c.diagnostics = ml_collections.ConfigDict()
@@ -188,7 +188,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.diagnostics.snr_draws = 16     # R negative draws for the gradient SNR (0 = no SNR; else >= 2).
 
   # A recipe derives the fields left at "auto" / -1 from the data and chooses among candidates on
-  # the validation split (snm_jax/train/recipes.py; experiments/configs/xmc.py). "" = a plain run.
+  # the validation split (snm_jax/train/recipes/recipe.py; experiments/configs/xmc.py). "" = a plain run.
   c.recipe = ml_collections.ConfigDict()
   c.recipe.name = ""
   c.recipe.search = ""            # Candidate grid, e.g. "table.learning_rate*=0.5,1,2;dataset.conversion=a,b".
@@ -198,7 +198,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.recipe.evaluations = 20       # Validation evaluations per run (train.eval_every=-1).
   c.recipe.refit = False          # Retrain the chosen candidate on the whole training file for its selected steps.
   # Ensembles of the top-m candidates by validation, m = 1..ensemble, scored by the sum of their logits;
-  # m chosen on validation (snm_jax/train/ensemble.py). 1 = the best candidate alone, 0 = up to all.
+  # m chosen on validation (snm_jax/train/recipes/ensemble.py). 1 = the best candidate alone, 0 = up to all.
   c.recipe.ensemble = 1
   # Validation splits the candidates are trained and chosen on (seeds dataset.validation_seed + i):
   # the choice reads the mean over the splits and the result sums every split's models. -1 (auto):
@@ -207,7 +207,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.recipe.splits = 1
   c.recipe.min_validation = 1000
   # Post-hoc logit adjustment of the chosen model / ensemble (Menon et al. 2021): score - tau log prior(y),
-  # tau from this comma-separated grid (0 always in it) chosen on validation (snm_jax/train/logit_adjust.py).
+  # tau from this comma-separated grid (0 always in it) chosen on validation (snm_jax/train/core/logit_adjust.py).
   # "" = off.
   c.recipe.logit_adjust = ""
 
@@ -217,9 +217,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.num_processes = 0
   c.distributed.process_id = -1
 
-  # ---- the task trained (snm_jax/train/task.py) -------------------------------------------------
+  # ---- the task trained (snm_jax/train/core/task.py) -------------------------------------------------
   # classification (the sections above) | retrieval (SOPRC and the other AUPRC losses on
-  # class-balanced embedding batches, snm_jax/train/retrieval.py; experiments/configs/auprc_retrieval.py).
+  # class-balanced embedding batches, snm_jax/train/trainer/retrieval.py; experiments/configs/auprc_retrieval.py).
   # task=retrieval reads: seed, dataset.name (bibtex | synthetic) and dataset.data_dir, model.hidden
   # and model.out (the MLP tower's widths), optimizer.*, train.*, eval.select_metric, mesh, and
   # the auprc section; dataset.validation_fraction must be 0.

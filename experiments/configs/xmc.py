@@ -9,7 +9,7 @@ r"""The extreme-classification recipe: settings derived from the data, chosen on
 Argument "<dataset>[,model=auto|linear|wide_deep|snm_tower][,runlocal]": any dataset name the
 loader finds (`<data_dir>/<name>/<name>_train.txt` and `_test.txt`, XC format), or "synthetic".
 
-What it does (snm_jax/train/recipes.py): 10% of the training file is held out as a validation
+What it does (snm_jax/train/recipes/recipe.py): 10% of the training file is held out as a validation
 split (by example index, seed `dataset.validation_seed`); the fields left at "auto" / -1 below
 are derived from the data's statistics:
   model.kind           searched over linear ([x, 1] against a K x (d+1) table) and wide_deep (that
@@ -42,7 +42,7 @@ it too). Last, the ensembles of the top m = 1..recipe.ensemble (3) candidates by
 scored on validation -- an ensemble scores a label by the SUM of its members' logits (each with its
 own logit scale and class normalisation), which ranks as the product of their softmax distributions
 (the one-vs-rest candidate's margins are added as they are, unstandardised: see below) and is retrieved exactly by the chunked top-k over the concatenated queries and class rows
-(snm_jax/train/ensemble.py) -- and the m with the best validation nDCG@5 is the result (m = 1: the
+(snm_jax/train/recipes/ensemble.py) -- and the m with the best validation nDCG@5 is the result (m = 1: the
 best candidate alone); only that ensemble is scored on test (results.json: recipe.ensemble). The
 test split is never used to choose. recipe.ensemble=1 turns the step off (needed with recipe.refit).
 While the validation split holds fewer than recipe.min_validation (1000) points (Bibtex: 488), all of
@@ -84,7 +84,7 @@ def get_config(arg: str = ""):
   c.recipe.name = "xmc"
   c.recipe.search = "auto"
   # Then ensembles of the top m = 1..3 candidates by validation, scored by the sum of their logits
-  # (a product of experts; snm_jax/train/ensemble.py), m chosen on validation nDCG@5 (m = 1: the best
+  # (a product of experts; snm_jax/train/recipes/ensemble.py), m chosen on validation nDCG@5 (m = 1: the best
   # candidate alone). On the 90/10 carves (held-out 10% as the test, real test splits unread):
   # Delicious, 2 seeds, P@1 / P@5 / PSP@5 70.67 / 59.61 / 35.81 against 70.39 / 59.03 / 35.73 without;
   # Bibtex, 3 seeds, 62.02 / 28.31 / 57.80 against 62.02 / 28.25 / 57.71. Up to all 6 members was
@@ -113,7 +113,7 @@ def get_config(arg: str = ""):
   # / 59.61 / 35.81 (never in the top 3). The one-vs-rest logits are summed raw (an OvR member's
   # logit std is ~0.25 against ~1.6 for a softmax one): standardising each member by its validation logit std was worse on Bibtex (3 seeds: 62.16 /
   # 28.13 / 57.44 against 62.16 / 28.39 / 58.00 raw).
-  # Post-hoc logit adjustment (Menon et al. 2021; snm_jax/train/logit_adjust.py) of the chosen model /
+  # Post-hoc logit adjustment (Menon et al. 2021; snm_jax/train/core/logit_adjust.py) of the chosen model /
   # ensemble, score - tau log prior(y) with tau chosen on validation nDCG@5, is available but OFF
   # here: on the 90/10 carves with recipe.logit_adjust="0,0.1,0.25,0.5,0.75,1", Bibtex (5 seeds)
   # P@1 / P@5 / PSP@5 62.50 / 28.29 / 58.15 against 62.34 / 28.25 / 57.71 without (tau > 0 chosen on 3

@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from snm_jax.train.overrides import apply_overrides  # noqa: F401  (re-exported: sweeps apply them)
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.config.overrides import apply_overrides  # noqa: F401  (re-exported: sweeps apply them)
+from snm_jax.train.runtime.workpath import workdir_path
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 REPO = Path(__file__).resolve().parents[2]

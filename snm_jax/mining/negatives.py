@@ -1,7 +1,7 @@
 """The sampler protocol of the train step: how one step's negatives are drawn,
 gathered, scored and updated on a (data, model) mesh.
 
-The step (`snm_jax.train.step.make_train_step`) is sample -> score -> loss ->
+The step (`snm_jax.train.core.step.make_train_step`) is sample -> score -> loss ->
 update and knows nothing of how a sampler lays its draws out; each class here
 implements the four layout-dependent parts once:
 
@@ -199,7 +199,7 @@ class GlobalNegatives:
   sampler, `ExactSampler`).
 
   `source.draw(key, batch) -> (ids (N, S), log_q (N, S), log_q_pos (N,))`, with the
-  step's batch dict (module docstring of `snm_jax.train.step.make_train_step`);
+  step's batch dict (module docstring of `snm_jax.train.core.step.make_train_step`);
   ids are global label ids (>= K: no draw, masked), replicated over `model`, and
   every shard gathers (and later updates) the rows of the draws its row range holds.
   """

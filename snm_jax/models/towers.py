@@ -7,7 +7,7 @@ Inputs are padded sparse rows: ``feat_ids`` (N, nnz) int32 and ``feat_vals``
 
 The input table of `EmbeddingBag` (d x hidden) is a flax parameter by default.
 With a sparse input update (`model.input_update="sparse"`) the trainer owns it
-like the class table (`snm_jax.train.input_table`) and passes the towers a
+like the class table (`snm_jax.train.core.input_table`) and passes the towers a
 `bag_fn(feat_ids, feat_vals) -> (N, hidden)` that computes the bag from rows it
 gathered: the module then never creates or reads its "embedding" parameter.
 
@@ -79,7 +79,7 @@ class EmbeddingBag(nn.Module):
   bag_fn: if given, `bag_fn(feat_ids, feat_vals)` (N, h) is the output and the
   "embedding" parameter is neither created nor read: the caller holds the table
   and computes the same sum (the train step's sparse input update,
-  `snm_jax.train.input_table`). The values it was called with are then sown as
+  `snm_jax.train.core.input_table`). The values it was called with are then sown as
   "values" in the "intermediates" collection (kept only when the caller passes
   `mutable=["intermediates"]`): the row gradients are those values times the
   gradient of the bag.

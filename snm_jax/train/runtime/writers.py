@@ -1,7 +1,7 @@
 """Metric outputs of a run (process 0 only): a progress line via absl logging,
 `metrics.jsonl`, TensorBoard event files, and JSON files in the workdir.
 
-The workdir may be remote (`gs://...`, `snm_jax.train.workpath`). Object
+The workdir may be remote (`gs://...`, `snm_jax.train.runtime.workpath`). Object
 stores cannot append, so there `metrics.jsonl` is kept in memory and the
 object rewritten whole, at most every `REMOTE_SYNC_SECONDS` and at every
 `sync()` (the loop calls it before each checkpoint, so every row up to a
@@ -21,8 +21,8 @@ import time
 from absl import logging
 from etils import epath
 
-from snm_jax.train import workpath
-from snm_jax.train.host import is_writer
+from snm_jax.train.runtime import workpath
+from snm_jax.train.runtime.host import is_writer
 
 REMOTE_SYNC_SECONDS = 30.0
 

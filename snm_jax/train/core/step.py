@@ -9,14 +9,14 @@ One step, for a minibatch of N examples and B sampled negatives:
      mining and the per-example loss (`snm_jax.losses.registry` -> `snm_jax.losses.sampled`), then
      the minibatch reduction: mean, or S2M's average of the top-k' losses;
   3. update: optax on the tower; a row-wise optimiser on the touched rows of
-     each table shard (`snm_jax.train.row_optimizers`), shard-locally, with
+     each table shard (`snm_jax.train.core.row_optimizers`), shard-locally, with
      its optional decoupled decay of those rows (lazy: untouched rows are not
      decayed) at the same learning rate `table_lr(step)`.
 With a sparse input table (`input_table`, model.input_update="sparse") the
 tower's EmbeddingBag table is handled like the class table: the tower's bag is
 summed from the rows of the batch's feature ids, the loss is differentiated
 w.r.t. the bag vectors (N, hidden), and in step 3 only those rows are updated
-(`snm_jax.train.input_table`); optax keeps the dense layers.
+(`snm_jax.train.core.input_table`); optax keeps the dense layers.
 Tower dropout (if any) uses a key folded out of the step's rng, so the
 sampler's draws do not depend on it.
 Reduced precision (`snm_jax.models.precision`): with a compute dtype (model.dtype)
@@ -46,9 +46,9 @@ from snm_jax.mining import negatives as negatives_lib
 from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, normalized_row_scores, tower_inputs
 from snm_jax.sharding import BATCH, DATA, MODEL, TABLE
-from snm_jax.train.input_table import InputTable, SparseTowerParams, bag_values
-from snm_jax.train.nonfinite import all_finite
-from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
+from snm_jax.train.core.input_table import InputTable, SparseTowerParams, bag_values
+from snm_jax.train.core.nonfinite import all_finite
+from snm_jax.train.core.row_optimizers import RowOptimizer, apply_row_update
 
 P = jax.P
 
@@ -88,7 +88,7 @@ class TrainState:
 
 @flax.struct.dataclass
 class SparseInputTrainState(TrainState):
-  """The state with a sparse input table (model.input_update="sparse", `snm_jax.train.input_table`):
+  """The state with a sparse input table (model.input_update="sparse", `snm_jax.train.core.input_table`):
   `params` lacks the tower's EmbeddingBag table, which is held here. A subclass, so that the dense
   path's state (and its checkpoints and fingerprints) keeps its former pytree."""
   input_table: Any = None        # (d_pad, hidden) the EmbeddingBag's rows, row-sharded over `model`
@@ -191,7 +191,7 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
                         compute_dtype=jnp.float32):
   """Builds `loss_and_grads(params, table, batch, rng) -> (LossAndGrads, negatives layout)`:
   steps 1 and 2 of the module docstring (sample + gather, score + loss, backward),
-  unjitted, so the train step and the diagnostics (`snm_jax.train.diagnostics`)
+  unjitted, so the train step and the diagnostics (`snm_jax.train.core.diagnostics`)
   share them. Arguments as in `make_train_step`; with `input_table`, `params` is a
   `SparseTowerParams` (the state's `tower_params()`) and its table's gradient is given
   as that of the bag vectors, `g_input`, with the bag's `input_values`. compute_dtype: the

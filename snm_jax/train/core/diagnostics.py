@@ -47,9 +47,9 @@ from snm_jax.mining.retrieval import make_top_k_retrieval
 from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, MODEL
-from snm_jax.train import row_optimizers
-from snm_jax.train.host import to_host
-from snm_jax.train.step import make_loss_and_grads, make_table_update
+from snm_jax.train.core import row_optimizers
+from snm_jax.train.runtime.host import to_host
+from snm_jax.train.core.step import make_loss_and_grads, make_table_update
 
 P = jax.P
 DIAGNOSTICS_SEED_OFFSET = 2  # keys from seed + 2: the loop's train keys come from seed + 1

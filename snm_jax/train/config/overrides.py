@@ -2,11 +2,11 @@
 
 One implementation for every place that sets fields by name: the sweeps
 (`experiments.sweeps.spec.apply_overrides`), the recipes' candidates
-(`snm_jax.train.recipes`), and the errors of `experiments.train` for an
+(`snm_jax.train.recipes.recipe`), and the errors of `experiments.train` for an
 unknown `--config.<field>`. A field that does not exist is a ConfigError that
 names the closest valid ones, or the new name of a renamed field. Also the
 recipes' placeholder ("auto" / -1) and their `recipe.search` grid of overrides
-(`parse_search`), which `builders.validate` checks without importing the recipes.
+(`parse_search`), which `validation.validate` checks without importing the recipes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from snm_jax.errors import ConfigError
 
 # Old config field -> its new name. The old names are refused wherever a field is named (command
-# line, sweep and recipe overrides, config files, `builders.validate`), with the new name in the message.
+# line, sweep and recipe overrides, config files, `validation.validate`), with the new name in the message.
 RENAMED_FIELDS = {
     "mining.scale": "mining.vartheta_norm",  # the normalisation of vartheta: mean | expectation
     "loss.scale": "loss.logit_scale",        # the factor on the scores before the loss
@@ -30,7 +30,7 @@ AUTO = "auto"
 
 
 def is_auto(value) -> bool:
-  """The recipe's "auto" / -1 placeholder (snm_jax/train/recipes.py resolves it)."""
+  """The recipe's "auto" / -1 placeholder (snm_jax/train/recipes/recipe.py resolves it)."""
   return value == AUTO or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1)
 
 

@@ -33,14 +33,14 @@ from typing import Any, Callable
 import jax
 from absl import logging
 
-from snm_jax.train.overrides import with_overrides
+from snm_jax.train.config.overrides import with_overrides
 
 FIELD = "mining.num_samples_schedule"
 
 
 def phases(config) -> tuple[tuple[int, int], ...]:
   """The run's ((start_step, B), ...): the schedule as ints, or ((0, mining.num_samples),)
-  when it is empty (a config may predate the field). Validated by `builders.validate`."""
+  when it is empty (a config may predate the field). Validated by `validation.validate`."""
   schedule = config.mining.get("num_samples_schedule", ())
   if not schedule:
     return ((0, int(config.mining.num_samples)),)
@@ -107,7 +107,7 @@ def phased_step(schedule, build_step: Callable[[int], Callable]) -> Callable:
 
 
 def phased_diagnose(schedule, build_diagnose: Callable[[int], Callable]) -> Callable:
-  """`diagnose(state, step)` (`snm_jax.train.diagnostics`) with the sampler and loss of the
+  """`diagnose(state, step)` (`snm_jax.train.core.diagnostics`) with the sampler and loss of the
   phase that trains the state at `step`, i.e. of the next step (the last phase's at the end)."""
   diagnoses = per_size(schedule, build_diagnose)
   if len(diagnoses) == 1:

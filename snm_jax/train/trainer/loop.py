@@ -1,6 +1,6 @@
 """`train_and_evaluate(config, workdir)`: one loop for every method, resumable from `workdir`.
 
-Sections: task (data, model, step and state: `snm_jax.train.tasks.build_task`)
+Sections: task (data, model, step and state: `snm_jax.train.trainer.tasks.build_task`)
 -> checkpoint restore -> loop (step, log, eval and model selection,
 checkpoint) -> final evaluation of the selected state -> results.json.
 What a method needs beyond a train step, a state, batches and evaluators lives
@@ -18,14 +18,14 @@ from absl import logging
 
 from snm_jax import sharding
 from snm_jax.errors import ConfigError, NonFiniteLossError
-from snm_jax.train import builders
-from snm_jax.train.checkpointing import Checkpointer, abstract_like, check_resume_config
-from snm_jax.train.host import itstime, workdir_lock
-from snm_jax.train.progress import Progress
-from snm_jax.train.task import state_fingerprint
-from snm_jax.train.tasks import build_task
-from snm_jax.train.workpath import workdir_path
-from snm_jax.train.writers import MetricWriter
+from snm_jax.train.config import validation
+from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, check_resume_config
+from snm_jax.train.runtime.host import itstime, workdir_lock
+from snm_jax.train.runtime.progress import Progress
+from snm_jax.train.core.task import state_fingerprint
+from snm_jax.train.trainer.tasks import build_task
+from snm_jax.train.runtime.workpath import workdir_path
+from snm_jax.train.runtime.writers import MetricWriter
 
 
 def train_and_evaluate(config, workdir, *, return_state: bool = False):
@@ -43,11 +43,11 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
   resumed only by a config whose shape- and trajectory-changing fields equal
   its saved config.json (`checkpointing.check_resume_config`).
 
-  `workdir` is local or any URI etils.epath reads (gs://..., `snm_jax/train/workpath.py`).
+  `workdir` is local or any URI etils.epath reads (gs://..., `snm_jax/train/runtime/workpath.py`).
   Returns the results dict, or (results, last train state) if `return_state`.
   """
   t_start = time.time()
-  builders.validate(config)  # every field the data is not needed for, before any loading
+  validation.validate(config)  # every field the data is not needed for, before any loading
   workdir = workdir_path(workdir)  # local: absolute; a URI (gs://...): as it is
   with workdir_lock(workdir), contextlib.ExitStack() as cleanup:
     _check_saved_config(config, workdir)

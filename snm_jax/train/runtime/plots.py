@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-t
 import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
 from etils import epath  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from snm_jax.train import workpath  # noqa: E402  pylint: disable=g-import-not-at-top
+from snm_jax.train.runtime import workpath  # noqa: E402  pylint: disable=g-import-not-at-top
 
 SUBPOPULATIONS = ("all", "head", "torso", "tail")
 _STYLES = ("-", "--", ":")  # Past the 10 colours of the default cycle.

@@ -17,7 +17,7 @@ from snm_jax.mining.retrieval import bias_at, make_top_k_retrieval
 from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, MODEL, TABLE, named
-from snm_jax.train.host import to_host
+from snm_jax.train.runtime.host import to_host
 
 REPORTED_K = (1, 3, 5)
 

@@ -1,11 +1,11 @@
 """The extreme-classification task: sparse (or dense) inputs, a sharded class table and
 sampled negatives (SNM/S2M, negative sampling, sampled/full softmax, NCE, the
-adversarial tree sampler), as a `snm_jax.train.task.Task` for the loop.
+adversarial tree sampler), as a `snm_jax.train.core.task.Task` for the loop.
 
 Owns every method-specific piece of a run: the data, the sampler (fitting
 Bamler & Mandt's tree when `mining.sampler="tree"`), the train step, the state
 (created sharded), the input pipeline and the evaluators (with their Eq. 5
-debiasing, log-likelihood and Bayes comparison, `snm_jax.train.evaluate`).
+debiasing, log-likelihood and Bayes comparison, `snm_jax.train.core.evaluate`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, make_global_batch
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.models import precision
-from snm_jax.train import builders, sample_schedule
-from snm_jax.train.diagnostics import make_diagnose, probe_batch
-from snm_jax.train.evaluate import make_evaluate
-from snm_jax.train.input_table import input_table_rows, split_params
-from snm_jax.train.run_data import load_run_data
-from snm_jax.train.step import SparseInputTrainState, TrainState, make_train_step
-from snm_jax.train.task import Task
+from snm_jax.train.config import builders, sample_schedule, validation
+from snm_jax.train.core.diagnostics import make_diagnose, probe_batch
+from snm_jax.train.core.evaluate import make_evaluate
+from snm_jax.train.core.input_table import input_table_rows, split_params
+from snm_jax.train.trainer.run_data import load_run_data
+from snm_jax.train.core.step import SparseInputTrainState, TrainState, make_train_step
+from snm_jax.train.core.task import Task
 
 
 class GlobalBatches:
@@ -57,7 +57,7 @@ def build(config, mesh) -> Task:
   """Data -> sampler -> step -> pipeline -> state -> evaluators, for `config` on `mesh`."""
   run_data = load_run_data(config)
   num_labels = run_data.num_labels
-  builders.validate(config, num_labels)
+  validation.validate(config, num_labels)
   logging.info("data: %s, %d train / %d validation / %d test points, d=%d, K=%d", run_data.source,
                run_data.train.features.shape[0],
                run_data.validation.features.shape[0] if run_data.validation is not None else 0,

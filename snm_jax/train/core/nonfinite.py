@@ -1,5 +1,5 @@
-"""A train step's non-finite guard, shared by every task's step (`snm_jax.train.step`,
-`snm_jax.train.retrieval`): whether an update is kept, and the state's counters."""
+"""A train step's non-finite guard, shared by every task's step (`snm_jax.train.core.step`,
+`snm_jax.train.trainer.retrieval`): whether an update is kept, and the state's counters."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def all_finite(loss_value, *trees):
   `optax.apply_if_finite` state among `trees` saw a finite gradient).
 
   Pass what the update produces (new parameters, optimiser state, ...), not the
-  gradients: see `snm_jax.train.step._all_finite` for why. With finite values
+  gradients: see `snm_jax.train.core.step._all_finite` for why. With finite values
   every where() on the result selects the update: same bits as without it.
   """
   finite = jnp.isfinite(loss_value)

@@ -1,6 +1,6 @@
 """The retrieval task (config.task="retrieval"): an embedding tower trained on
 class-balanced batches with SOPRC or another AUPRC / metric-learning loss
-(`snm_jax.auprc.losses`), as a `snm_jax.train.task.Task` for the one loop.
+(`snm_jax.auprc.losses`), as a `snm_jax.train.core.task.Task` for the one loop.
 
 Data: `snm_jax.data.retrieval_tasks` (bibtex | synthetic, config.dataset.name).
 Batches: `snm_jax.auprc.ClassBalancedSampler` (G classes x M items, batch `t` a
@@ -37,12 +37,12 @@ from snm_jax.data.pipeline import process_data_slice
 from snm_jax.data.retrieval_tasks import make_task
 from snm_jax.metrics import embedding_retrieval_metrics
 from snm_jax.models.towers import EmbeddingTower
-from snm_jax.train import builders
-from snm_jax.train.classification import GlobalBatches
-from snm_jax.train.host import to_host
-from snm_jax.train.nonfinite import all_finite, keep_if_finite, nonfinite_counters
-from snm_jax.train.step import limit_traces
-from snm_jax.train.task import Task
+from snm_jax.train.config import builders, validation
+from snm_jax.train.trainer.classification import GlobalBatches
+from snm_jax.train.runtime.host import to_host
+from snm_jax.train.core.nonfinite import all_finite, keep_if_finite, nonfinite_counters
+from snm_jax.train.core.step import limit_traces
+from snm_jax.train.core.task import Task
 
 SCORE_RANGE = (-1.0, 1.0)  # cosine scores of the L2-normalised tower
 
@@ -95,9 +95,9 @@ def make_retrieval_step(*, tower_apply, tx: optax.GradientTransformation, method
 
   batch: {"x": (B, d), "label": (B,)} of a class-balanced batch, group-major (G
   groups of M = samples_per_class). cfg: config.auprc. A non-finite loss or
-  update keeps the last good state and is counted (`snm_jax.train.nonfinite`).
+  update keeps the last good state and is counted (`snm_jax.train.core.nonfinite`).
   state_shardings: the state's shardings, also those of the output state (one
-  compilation for the run). max_traces: as `snm_jax.train.step.make_train_step`.
+  compilation for the run). max_traces: as `snm_jax.train.core.step.make_train_step`.
   """
   m = samples_per_class
   with_aux = uses_aux_vector(method)
@@ -139,7 +139,7 @@ def make_retrieval_step(*, tower_apply, tx: optax.GradientTransformation, method
 
 def build(config, mesh) -> Task:
   """Data -> sampler -> step -> state -> evaluators, for `config` on `mesh`."""
-  builders.validate(config)
+  validation.validate(config)
   task = make_task(config)
   a = config.auprc
   logging.info("retrieval task %s: %s", task.name, task.description)

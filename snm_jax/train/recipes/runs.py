@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from snm_jax.train import builders, loop, recipes, reuse
+from snm_jax.train.config import validation
+
+from snm_jax.train.trainer import loop
+
+from snm_jax.train.recipes import recipe as recipes, reuse
 
 
 def train(config, workdir) -> dict:
   """One run: a recipe (config.recipe.name set: derived settings, candidates chosen on
-  validation, `snm_jax.train.recipes`) or a plain `train_and_evaluate`. Every field is
+  validation, `snm_jax.train.recipes.recipe`) or a plain `train_and_evaluate`. Every field is
   validated first (ConfigError), before any data is loaded."""
-  builders.validate(config)
+  validation.validate(config)
   if config.recipe.name:
     return recipes.run(config, workdir)
   return loop.train_and_evaluate(config, workdir)

@@ -9,7 +9,7 @@ balanced-error-optimal correction for a calibrated softmax, tau = 0 no change. I
 training: the bias -tau log pi (K,) is added inside the chunked top-k by the retrieval's
 per-label bias path (`evaluate.make_evaluate(label_bias=...)`). The recipe chooses tau on
 validation (`recipes.choose_logit_adjust`); this module holds the prior and the grid's parser, and
-imports nothing of the training code, so `builders.validate` can check `recipe.logit_adjust`.
+imports nothing of the training code, so `validation.validate` can check `recipe.logit_adjust`.
 """
 
 from __future__ import annotations

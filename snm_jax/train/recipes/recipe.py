@@ -13,7 +13,7 @@ its results.json, plus a `recipe` record of the statistics, the derived
 fields and every candidate's validation value, is written to
 `workdir/results.json`. With `recipe.ensemble` M > 1, the ensembles of the
 top m = 1..M candidates by validation (the sum of their logits,
-`snm_jax/train/ensemble.py`) are scored on validation, the best m is kept
+`snm_jax/train/recipes/ensemble.py`) are scored on validation, the best m is kept
 (m = 1: the best candidate alone) and only its ensemble is scored on test;
 `recipe.ensemble` in results.json records the members, the validation value
 per m and the test metrics (also in workdir/ensemble.json, reused on a rerun). With a
@@ -44,14 +44,16 @@ from absl import logging
 from snm_jax.data.datasets import num_nonzero
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax import sharding
-from snm_jax.train import ensemble, logit_adjust, loop, reuse
-from snm_jax.train.host import is_writer
+from snm_jax.train.recipes import ensemble, reuse
+from snm_jax.train.core import logit_adjust
+from snm_jax.train.trainer import loop
+from snm_jax.train.runtime.host import is_writer
 # AUTO, the placeholder test and the `recipe.search` parser live with the overrides (builders validates
 # recipe.search with them); parse_search is re-exported here.
-from snm_jax.train.overrides import AUTO, parse_search, with_overrides  # noqa: F401
-from snm_jax.train.overrides import is_auto as _is_auto
-from snm_jax.train.run_data import RunData, load_run_data
-from snm_jax.train.workpath import workdir_path, write_text
+from snm_jax.train.config.overrides import AUTO, parse_search, with_overrides  # noqa: F401
+from snm_jax.train.config.overrides import is_auto as _is_auto
+from snm_jax.train.trainer.run_data import RunData, load_run_data
+from snm_jax.train.runtime.workpath import workdir_path, write_text
 
 @dataclasses.dataclass(frozen=True)
 class DataStats:
@@ -357,7 +359,7 @@ def run(config, workdir) -> dict:
     record["logit_adjust"] = adjust
     if adjust["tau"] > 0:  # else the model / ensemble unadjusted, its test metrics as they are
       chosen = {**chosen, "final": adjust["test"]}
-  if config.recipe.refit:  # (builders.validate refuses it with an ensemble or a logit adjustment)
+  if config.recipe.refit:  # (validation.validate refuses it with an ensemble or a logit adjustment)
     # The chosen settings retrained on the whole training file (validation part included) for the
     # selected number of steps (several splits: their mean), the schedule ending there
     # (scikit-learn's GridSearchCV(refit=True)). Nothing is chosen from this run: it is decided
@@ -393,7 +395,7 @@ def choose_ensemble(config, run_datas, table: list[dict], configs: dict, workdir
   validation `eval.select_metric` (ties: the smaller m); only it is scored on test (m = 1 on one
   split: not at all, the candidate's own results stand).
 
-  The ensemble's score is the sum of its members' logits (`snm_jax.train.ensemble`), each
+  The ensemble's score is the sum of its members' logits (`snm_jax.train.recipes.ensemble`), each
   member at its selected checkpoint. With several validation splits (`run_datas`, one per split,
   `num_splits`) a member is its models on every split: on validation the top-m ensemble is scored
   on each split with that split's models and the values averaged; on test every split's models
@@ -425,7 +427,7 @@ def logit_adjust_grid(config) -> tuple[float, ...]:
 
 def choose_logit_adjust(config, run_datas, members: list[str], configs: dict, workdir,
                         taus: tuple[float, ...], evaluate_fn=None) -> dict:
-  """Menon et al.'s post-hoc logit adjustment (`snm_jax.train.logit_adjust`) of the chosen model or
+  """Menon et al.'s post-hoc logit adjustment (`snm_jax.train.core.logit_adjust`) of the chosen model or
   ensemble: score(x, y) = z(x, y) - tau log pi_y, pi_y the label's Laplace-smoothed frequency in
   the TRAINING part of the first split (`logit_adjust.log_label_prior`; the validation part is not
   counted), tau in

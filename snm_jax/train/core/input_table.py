@@ -6,7 +6,7 @@ N x nnz rows into zeros) and optax updates all d rows every step, O(d hidden).
 With `model.input_update="sparse"` it is held like the class table: the state
 carries it (`step.SparseInputTrainState.input_table`, (d_pad, hidden),
 row-sharded over `model`) with a row-optimiser state
-(`snm_jax.train.row_optimizers`), and a step
+(`snm_jax.train.core.row_optimizers`), and a step
 
   1. has the tower take its bag b_n = sum_i v_ni E[id_ni] (N, hidden) from
      `bag_fn` (the tower's argument, `snm_jax.models.towers.EmbeddingBag`):
@@ -50,7 +50,7 @@ not feature dropout dropped it. The optimisers follow the tower's:
 at the tower's learning rate schedule, with optimizer.weight_decay as the row
 optimiser's decoupled, lazy decay (`RowOptimizer.weight_decay`: touched rows
 are multiplied by 1 - lr wd after the update; optax decays every row before
-it). There is no row-wise Adam (`builders.validate` refuses the combination).
+it). There is no row-wise Adam (`validation.validate` refuses the combination).
 
 The table has d_pad = d rounded up to a multiple of mining.num_strata rows
 (`input_table_rows`): the bound the class table already puts on the `model`
@@ -68,7 +68,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from snm_jax.sharding import DATA, MODEL, TABLE
-from snm_jax.train.row_optimizers import RowOptimizer, apply_row_update
+from snm_jax.train.core.row_optimizers import RowOptimizer, apply_row_update
 
 P = jax.P
 IDS_SPEC = P(DATA, None)                # feat_ids / feat_vals (N, nnz)

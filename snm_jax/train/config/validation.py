@@ -1,46 +1,26 @@
-"""Config -> the objects of a run (model, samplers, losses, optimisers), with
-validation that fails before any compilation, naming the offending field."""
+"""Validation of every config field before any data is loaded or anything compiles: each error
+is a `ConfigError` naming the field, its value and what is allowed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import jax
 import numpy as np
-import optax
 
-from snm_jax import losses
 from snm_jax.errors import ConfigError
 from snm_jax.losses import registry as losses_registry
-from snm_jax.mining.samplers import ExactSampler, StratifiedSampler, padded_num_labels, unigram_stratum_cdf
+from snm_jax.train.config import sample_schedule
+from snm_jax import losses
 from snm_jax.models import precision
-from snm_jax.models.towers import LinearQuery, MLPTower, SNMTower, WideDeepQuery
-from snm_jax.train import logit_adjust, row_optimizers, sample_schedule
-from snm_jax.train.input_table import InputTable
-# The override helpers, also under their old home here (experiments/train.py, tests).
-from snm_jax.train.overrides import (AUTO, RENAMED_FIELDS, check_renamed, config_fields,  # noqa: F401
-                                     is_auto, parse_search, unknown_field_error)
-from snm_jax.train.step import LossSpec
-
-LOSS_KINDS = ("bowl", "powl", "sampled_softmax", "mined_softmax", "full_softmax", "logistic_ns",
-              "adversarial_ns", "nce")
-SAMPLERS = ("uniform", "unigram", "full", "tree", "exact")
-VARTHETAS = ("top_k", "negative_sampling", "power_law")
-REDUCTIONS = ("mean", "s2m")
-MODEL_KINDS = ("snm_tower", "linear", "wide_deep", "mlp")
-LINEAR_KINDS = ("linear", "wide_deep")  # class rows hold a linear model [w_y, b_y, ...], start at 0
-COSINE_KINDS = ("snm_tower", "mlp")     # L2-normalised queries, scored against normalised class rows
-DENSE_KINDS = ("mlp",)                  # towers over dense rows: DenseBatcher batches
-FILE_FIELDS = ("train_features", "train_labels", "test_features", "test_labels")  # dataset.files
-DECAYS = ("constant", "cosine")
+from snm_jax.train.config.builders import (COSINE_KINDS, DECAYS, DENSE_KINDS, FILE_FIELDS, LOSS_KINDS,
+                                           MODEL_KINDS, REDUCTIONS, SAMPLERS, VARTHETAS, field_or_default,
+                                           make_loss_spec, resolve_normalize_classes, sparse_input_table)
+from snm_jax.train.config.overrides import AUTO, RENAMED_FIELDS, check_renamed, is_auto, parse_search
+from snm_jax.train.core import logit_adjust
 
 
-def _field(section, name, default):
-  """config.<section>.<name>, or its base_config() default for configs that predate it."""
-  return section.get(name, default)
 
-
-# Fields a recipe (recipe.name, snm_jax/train/recipes.py `derive`) may leave at "auto" / -1 and
+# Fields a recipe (recipe.name, snm_jax/train/recipes/recipe.py `derive`) may leave at "auto" / -1 and
 # resolves from the data before training; a plain run must set them. Allowed values for the message.
 RECIPE_FIELDS = {
     "model.kind": f"one of {list(MODEL_KINDS)}",
@@ -65,7 +45,6 @@ ON_UNREADABLE = ("restart", "fail")
 DISTRIBUTED_MODES = ("auto", "yes", "no")
 BAG_MATMULS = ("gather", "dense")  # models.towers.EmbeddingBag.matmul
 INPUT_UPDATES = ("sparse", "dense")  # model.input_update
-BAG_KINDS = ("snm_tower", "wide_deep")  # models with an EmbeddingBag: an input table to update
 INPUT_ROW_OPTIMIZERS = ("sgd", "momentum", "adagrad")  # optimizer.name with a row-wise counterpart
 DTYPES = tuple(precision.DTYPES)  # model.dtype, table.dtype
 
@@ -115,7 +94,7 @@ def _one_of(field, value, allowed):
 
 def _recipe_placeholders(config) -> set:
   """The RECIPE_FIELDS left at "auto" / -1. Raises ConfigError for one in a plain run."""
-  recipe = _field(config, "recipe", None)
+  recipe = field_or_default(config, "recipe", None)
   in_recipe = bool(recipe is not None and recipe.get("name", ""))
   out = set()
   for field, allowed in RECIPE_FIELDS.items():
@@ -144,16 +123,16 @@ def _validate_recipe(config) -> None:
   _int("recipe.min_steps", r.min_steps, 1)
   _int("recipe.max_steps", r.max_steps, r.min_steps, note=" (recipe.min_steps)")
   _int("recipe.evaluations", r.evaluations, 1)
-  members = _field(r, "ensemble", 1)
+  members = field_or_default(r, "ensemble", 1)
   _int("recipe.ensemble", members, 0, note=" (the most members; 0 = every candidate, 1 = no ensemble)")
-  splits = _field(r, "splits", 1)
+  splits = field_or_default(r, "splits", 1)
   if splits != -1:
     _int("recipe.splits", splits, 1, note=" (validation splits; -1 = from the validation size)")
-  _int("recipe.min_validation", _field(r, "min_validation", 0), 0)
+  _int("recipe.min_validation", field_or_default(r, "min_validation", 0), 0)
   if members != 1 and r.refit:
     raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit on the whole "
                       "training file (recipe.refit=True): set recipe.ensemble=1 or recipe.refit=False")
-  if len(logit_adjust.parse_grid(_field(r, "logit_adjust", ""))) > 1 and r.refit:
+  if len(logit_adjust.parse_grid(field_or_default(r, "logit_adjust", ""))) > 1 and r.refit:
     raise ConfigError("recipe.logit_adjust", "tau is chosen on validation, which a refit on the whole "
                       "training file does not have (recipe.refit=True): set recipe.logit_adjust=\"\" "
                       "or recipe.refit=False")
@@ -187,11 +166,11 @@ def validate(config, num_labels: int | None = None) -> None:
   _int("dataset.max_nnz", d.max_nnz, 0, note=" (0 = the largest row)")
   _int("dataset.max_labels", d.max_labels, 0, note=" (0 = the largest label set)")
   _bool("dataset.normalize_rows", d.normalize_rows)
-  fraction = _field(d, "validation_fraction", 0.0)
+  fraction = field_or_default(d, "validation_fraction", 0.0)
   if not (_is_real(fraction) and 0 <= fraction < 1):
     raise ConfigError("dataset.validation_fraction", f"must be in [0, 1) (0 = no validation "
                       f"split), got {fraction!r}")
-  _int("dataset.validation_seed", _field(d, "validation_seed", 0), 0)
+  _int("dataset.validation_seed", field_or_default(d, "validation_seed", 0), 0)
   _validate_files(d)
   if d.name == "synthetic":
     s = d.synthetic
@@ -205,28 +184,28 @@ def validate(config, num_labels: int | None = None) -> None:
   if given("model.kind"):
     _one_of("model.kind", m.kind, MODEL_KINDS)
     resolve_normalize_classes(config)  # explicit True with a linear kind
-    if m.kind == "linear" and given("model.dropout") and _field(m, "dropout", 0.0):
+    if m.kind == "linear" and given("model.dropout") and field_or_default(m, "dropout", 0.0):
       raise ConfigError("model.dropout", "model.kind=linear has no hidden layer to drop; "
                         "use model.feature_dropout (or model.kind=snm_tower | wide_deep)")
-    if (m.kind == "mlp" and given("model.dropout") and _field(m, "dropout", 0.0)
-        and _field(m, "num_hidden_layers", 1) == 0):
+    if (m.kind == "mlp" and given("model.dropout") and field_or_default(m, "dropout", 0.0)
+        and field_or_default(m, "num_hidden_layers", 1) == 0):
       raise ConfigError("model.dropout", "model.kind=mlp with model.num_hidden_layers=0 has no "
                         "hidden layer to drop; use model.feature_dropout")
   if given("model.hidden"):
     _int("model.hidden", m.hidden, 1)
   if given("model.out"):
     _int("model.out", m.out, 1)
-  _int("model.num_hidden_layers", _field(m, "num_hidden_layers", 1), 0,
+  _int("model.num_hidden_layers", field_or_default(m, "num_hidden_layers", 1), 0,
        note=" (model.kind=mlp; 0 = a linear map, then L2)")
   if m.normalize_classes is not None:
     _bool("model.normalize_classes", m.normalize_classes)
   if given("model.dropout"):
-    _rate("model.dropout", _field(m, "dropout", 0.0))
-  _rate("model.feature_dropout", _field(m, "feature_dropout", 0.0))
+    _rate("model.dropout", field_or_default(m, "dropout", 0.0))
+  _rate("model.feature_dropout", field_or_default(m, "feature_dropout", 0.0))
   if given("model.bag_matmul"):
-    _one_of("model.bag_matmul", _field(m, "bag_matmul", "gather"), BAG_MATMULS)
-  _one_of("model.input_update", _field(m, "input_update", "dense"), INPUT_UPDATES)
-  _one_of("model.dtype", _field(m, "dtype", "float32"), DTYPES)
+    _one_of("model.bag_matmul", field_or_default(m, "bag_matmul", "gather"), BAG_MATMULS)
+  _one_of("model.input_update", field_or_default(m, "input_update", "dense"), INPUT_UPDATES)
+  _one_of("model.dtype", field_or_default(m, "dtype", "float32"), DTYPES)
   # ---- optimisers
   o = config.optimizer
   _one_of("optimizer.name", o.name, TOWER_OPTIMIZERS)
@@ -235,9 +214,9 @@ def validate(config, num_labels: int | None = None) -> None:
     _real("optimizer.momentum", o.momentum, 0)
     if not o.momentum < 1:
       raise ConfigError("optimizer.momentum", f"must be in [0, 1), got {o.momentum!r}")
-  _real("optimizer.weight_decay", _field(o, "weight_decay", 0.0), 0)
-  _one_of("optimizer.decay", _field(o, "decay", "constant"), DECAYS)
-  _int("optimizer.warmup_steps", _field(o, "warmup_steps", 0), 0)
+  _real("optimizer.weight_decay", field_or_default(o, "weight_decay", 0.0), 0)
+  _one_of("optimizer.decay", field_or_default(o, "decay", "constant"), DECAYS)
+  _int("optimizer.warmup_steps", field_or_default(o, "warmup_steps", 0), 0)
   if given("model.kind") and sparse_input_table(config):
     _validate_sparse_input(config)
   t = config.table
@@ -250,15 +229,15 @@ def validate(config, num_labels: int | None = None) -> None:
   if given("model.kind") and m.kind in COSINE_KINDS:
     _real("table.init_scale", t.init_scale, 0, lo_open=True,
           note=f" (model.kind={m.kind} normalises the rows: zero rows are singular)")
-  _real("table.weight_decay", _field(t, "weight_decay", 0.0), 0)
-  if given("table.learning_rate") and _field(t, "weight_decay", 0.0) * t.learning_rate >= 1.0:
+  _real("table.weight_decay", field_or_default(t, "weight_decay", 0.0), 0)
+  if given("table.learning_rate") and field_or_default(t, "weight_decay", 0.0) * t.learning_rate >= 1.0:
     raise ConfigError("table.weight_decay", f"table.learning_rate * table.weight_decay = "
-                      f"{t.learning_rate} * {_field(t, 'weight_decay', 0.0)} must be < 1 (each "
+                      f"{t.learning_rate} * {field_or_default(t, 'weight_decay', 0.0)} must be < 1 (each "
                       "touched row is multiplied by 1 - lr * weight_decay)")
-  _one_of("table.decay", _field(t, "decay", "constant"), DECAYS)
-  _one_of("table.dtype", _field(t, "dtype", "float32"), DTYPES)
-  _one_of("table.rounding", _field(t, "rounding", "stochastic"), precision.ROUNDINGS)
-  _int("table.warmup_steps", _field(t, "warmup_steps", 0), 0)
+  _one_of("table.decay", field_or_default(t, "decay", "constant"), DECAYS)
+  _one_of("table.dtype", field_or_default(t, "dtype", "float32"), DTYPES)
+  _one_of("table.rounding", field_or_default(t, "rounding", "stochastic"), precision.ROUNDINGS)
+  _int("table.warmup_steps", field_or_default(t, "warmup_steps", 0), 0)
   # ---- loss and mining
   lo, mi = config.loss, config.mining
   if given("loss.kind"):
@@ -273,7 +252,7 @@ def validate(config, num_labels: int | None = None) -> None:
   if given("loss.logit_scale"):
     _real("loss.logit_scale", lo.logit_scale, 0, lo_open=True, note=" (scores are multiplied by it)")
   _real("loss.adv_lambda", lo.adv_lambda, 0)
-  mask_hits = _field(lo, "mask_accidental_hits", None)
+  mask_hits = field_or_default(lo, "mask_accidental_hits", None)
   if mask_hits is not None:
     _bool("loss.mask_accidental_hits", mask_hits)
     if given("loss.kind"):
@@ -292,7 +271,7 @@ def validate(config, num_labels: int | None = None) -> None:
   _real("mining.floor", mi.floor, 0)
   if mi.vartheta == "power_law":
     _real("mining.power_alpha", mi.power_alpha, 0)
-  schedule = _field(mi, "num_samples_schedule", ())
+  schedule = field_or_default(mi, "num_samples_schedule", ())
   if schedule:  # B per phase; mining.num_samples is unused
     _validate_num_samples_schedule(config, schedule, given)
   elif given("mining.num_samples"):
@@ -351,11 +330,11 @@ def validate(config, num_labels: int | None = None) -> None:
   _int("train.keep_checkpoints", tr.keep_checkpoints, 1)
   _bool("train.fingerprint", tr.fingerprint)
   _one_of("train.on_nonfinite", tr.on_nonfinite, ON_NONFINITE)
-  _int("train.max_skipped_steps", _field(tr, "max_skipped_steps", 10), 0)
-  _one_of("train.on_unreadable_checkpoints", _field(tr, "on_unreadable_checkpoints", "restart"),
+  _int("train.max_skipped_steps", field_or_default(tr, "max_skipped_steps", 10), 0)
+  _one_of("train.on_unreadable_checkpoints", field_or_default(tr, "on_unreadable_checkpoints", "restart"),
           ON_UNREADABLE)
-  _int("train.patience", _field(tr, "patience", 0), 0, note=" (0 = never stop early)")
-  if _field(tr, "patience", 0) and not fraction > 0:
+  _int("train.patience", field_or_default(tr, "patience", 0), 0, note=" (0 = never stop early)")
+  if field_or_default(tr, "patience", 0) and not fraction > 0:
     raise ConfigError("train.patience", f"{tr.patience} needs a validation split to watch "
                       "(dataset.validation_fraction > 0); 0 = never stop early")
   # ---- eval
@@ -369,11 +348,11 @@ def validate(config, num_labels: int | None = None) -> None:
   for name in ("psp_a", "psp_b"):
     if e[name] is not None:
       _real(f"eval.{name}", e[name], 0, lo_open=True)
-  select = _field(e, "select_metric", "P@1")
+  select = field_or_default(e, "select_metric", "P@1")
   if not (isinstance(select, str) and select):
     raise ConfigError("eval.select_metric", f"must be a metric name such as 'P@1', got {select!r}")
   # ---- diagnostics
-  diag = _field(config, "diagnostics", None)
+  diag = field_or_default(config, "diagnostics", None)
   if diag is not None:
     _int("diagnostics.every", diag.every, 0, note=" (0 = off)")
     _int("diagnostics.probe_size", diag.probe_size, 1)
@@ -382,9 +361,9 @@ def validate(config, num_labels: int | None = None) -> None:
     if not (isinstance(snr, int) and not isinstance(snr, bool) and (snr == 0 or snr >= 2)):
       raise ConfigError("diagnostics.snr_draws", f"must be 0 (off) or an integer >= 2, got {snr!r}")
   # ---- recipe, distributed
-  if _field(config, "recipe", None) is not None and config.recipe.get("name", ""):
+  if field_or_default(config, "recipe", None) is not None and config.recipe.get("name", ""):
     _validate_recipe(config)
-  dist = _field(config, "distributed", None)
+  dist = field_or_default(config, "distributed", None)
   if dist is not None:
     _one_of("distributed.initialize", dist.initialize, DISTRIBUTED_MODES)
     _int("distributed.num_processes", dist.num_processes, 0, note=" (0 = from the environment)")
@@ -426,7 +405,7 @@ def _validate_num_samples_schedule(config, schedule, given) -> None:
   for start, b in pairs:
     if b < 1:
       raise ConfigError(field, f"phase ({start}, {b}): B must be >= 1")
-  if _field(config, "task", "classification") != "classification":
+  if field_or_default(config, "task", "classification") != "classification":
     raise ConfigError(field, f"task={config.task} samples no negatives: must be ()")
   if given("mining.sampler"):
     if mi.sampler not in SCHEDULE_SAMPLERS:
@@ -467,7 +446,7 @@ def _validate_sparse_input(config) -> None:
                       f"counterpart of optimizer.name, and {o.name!r} has none (one of "
                       f"{list(INPUT_ROW_OPTIMIZERS)}): change optimizer.name or set "
                       "model.input_update=dense")
-  wd = _field(o, "weight_decay", 0.0)
+  wd = field_or_default(o, "weight_decay", 0.0)
   if wd and o.learning_rate * wd >= 1.0:
     raise ConfigError("optimizer.weight_decay", f"optimizer.learning_rate * optimizer.weight_decay "
                       f"= {o.learning_rate} * {wd} must be < 1 with model.input_update=sparse (each "
@@ -477,7 +456,7 @@ def _validate_sparse_input(config) -> None:
 def _validate_files(d) -> None:
   """dataset.files: four existing files when dataset.name="files", else none set (a set path
   with another dataset.name would be silently ignored)."""
-  files = _field(d, "files", None)
+  files = field_or_default(d, "files", None)
   if d.name != "files":
     given = [f for f in FILE_FIELDS if files is not None and files.get(f)]
     if given:
@@ -497,15 +476,15 @@ def _validate_files(d) -> None:
 
 
 def _validate_task(config) -> None:
-  """`task` and, for task="retrieval", its fields (the auprc section; snm_jax/train/retrieval.py)."""
-  from snm_jax.train.task import TASKS  # pylint: disable=g-import-not-at-top
-  kind = _field(config, "task", "classification")
+  """`task` and, for task="retrieval", its fields (the auprc section; snm_jax/train/trainer/retrieval.py)."""
+  from snm_jax.train.core.task import TASKS  # pylint: disable=g-import-not-at-top
+  kind = field_or_default(config, "task", "classification")
   _one_of("task", kind, TASKS)
   if kind != "retrieval":
     return
   for field in ("model.dtype", "table.dtype"):  # the retrieval task has its own float32 tower, no class table
     section, name = field.split(".")
-    if _field(config[section], name, "float32") != "float32":
+    if field_or_default(config[section], name, "float32") != "float32":
       raise ConfigError(field, f"task=retrieval trains in float32 only: must be 'float32', got "
                         f"{config[section][name]!r}")
   from snm_jax.auprc.losses import METHODS  # pylint: disable=g-import-not-at-top
@@ -555,260 +534,3 @@ def _validate_task(config) -> None:
   _real("auprc.soprc.lambda_neg", so.lambda_neg, 0)
   _real("auprc.triplet.margin", a.triplet.margin, 0)
   _real("auprc.contrastive.margin", a.contrastive.margin, 0)
-
-
-def make_vartheta(config, num_labels: int) -> np.ndarray:
-  m = config.mining
-  try:
-    if m.vartheta == "top_k":
-      return losses.top_k_vartheta(m.k, m.num_samples, num_labels, scale=m.vartheta_norm, floor=m.floor)
-    if m.vartheta == "negative_sampling":
-      if m.vartheta_norm == "mean":  # the plain average over all B sampled negatives
-        return losses.top_k_vartheta(m.num_samples, m.num_samples, num_labels, scale="mean")
-      return losses.negative_sampling_vartheta(m.k, m.num_samples, num_labels)
-    return losses.power_law_vartheta(m.power_alpha, m.num_samples, num_labels, k=m.k,
-                                     scale=m.vartheta_norm, floor=m.floor)
-  except ValueError as e:
-    raise ConfigError(f"mining ({m.vartheta} vartheta)", str(e)) from None
-
-
-def make_loss_spec(config, num_labels: int) -> LossSpec:
-  kind = config.loss.kind
-  phi = None
-  head, tail = (), 0.0
-  if kind in ("bowl", "powl"):
-    kwargs = {"rho": config.loss.ramp_rho} if config.loss.phi == "ramp" else {}
-    phi = losses.get_phi(config.loss.phi, **kwargs)
-    head_arr, tail = losses.split_vartheta(make_vartheta(config, num_labels))
-    head = tuple(float(h - tail) for h in head_arr)
-  mined_k = int(config.mining.k) if kind == "mined_softmax" else 0
-  return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail), mined_k=mined_k,
-                  logit_scale=float(config.loss.logit_scale), reduction=config.loss.reduction,
-                  k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda),
-                  mask_accidental_hits=_field(config.loss, "mask_accidental_hits", None))
-
-
-def make_sampler(config, num_labels: int, label_counts=None):
-  """Returns (sampler, stratum_cdf or None): a `StratifiedSampler` (uniform, unigram, full;
-  with replacement) or, for "exact", an `ExactSampler` (Algorithm 1: B distinct non-positives)."""
-  m = config.mining
-  if m.sampler == "tree":
-    raise ValueError("the tree sampler is fitted to the data: use snm_jax.adversarial.training")
-  if m.sampler == "exact":
-    return ExactSampler(num_labels, m.num_samples), None
-  if m.sampler == "full":
-    # Every label once: K_pad / V rows per stratum, drawn as the identity.
-    return StratifiedSampler(num_labels, num_samples=padded_num_labels(num_labels, m.num_strata),
-                             num_strata=m.num_strata, full=True), None
-  sampler = StratifiedSampler(num_labels, m.num_samples, num_strata=m.num_strata,
-                              per_example=m.per_example)
-  if m.sampler == "unigram":
-    if label_counts is None:
-      raise ConfigError("mining.sampler", "unigram sampling needs training label counts")
-    return sampler, unigram_stratum_cdf(label_counts, m.num_strata, power=m.unigram_power)
-  return sampler, None
-
-
-def resolve_normalize_classes(config) -> bool:
-  """model.normalize_classes with None ("auto") resolved: True for snm_tower and
-  mlp (cosine scores), False for linear and wide_deep.
-
-  Raises ConfigError for an explicit True with linear / wide_deep: their class
-  rows [w_y, b_y(, e_y)] start at 0 (`table_init_scale`), where the gradient of
-  l2_normalize is ~1/sqrt(eps) = 1e6: the first update throws the touched rows
-  to norms ~1e5, after which their gradients (~1/norm) barely move them, so the
-  table stops learning; normalising would also drop the scale of the linear score.
-  """
-  value = config.model.normalize_classes
-  kind = config.model.kind
-  if value is None:
-    return kind in COSINE_KINDS
-  if value and kind in LINEAR_KINDS:
-    raise ConfigError("model.normalize_classes",
-                      f"True is not supported with model.kind={kind}: its class rows are a linear "
-                      "model [w_y, b_y, ...] initialised to 0, where L2 normalisation is singular "
-                      "(gradient ~1/sqrt(eps): the first update blows the rows up and later ones "
-                      "barely move them, so the table stops learning), and normalising discards "
-                      "the scale of the linear score. Leave it unset (auto: False for linear / "
-                      "wide_deep) or set it False.")
-  return bool(value)
-
-
-def table_init_scale(config) -> float:
-  """Std of the initial class rows: 0.0 for linear / wide_deep (Bamler & Mandt
-  start the linear model at 0), table.init_scale for snm_tower and mlp."""
-  return 0.0 if config.model.kind in LINEAR_KINDS else float(config.table.init_scale)
-
-
-def tower_has_dropout(config) -> bool:
-  """True when the tower must be called with train=True and a dropout rng in
-  training (make_train_step's `dropout=`)."""
-  return bool(_field(config.model, "dropout", 0.0) or _field(config.model, "feature_dropout", 0.0))
-
-
-def dense_inputs(config) -> bool:
-  """True when the tower takes dense rows (model.kind=mlp): the task feeds it
-  `DenseBatcher` batches ('features' (N, d)) instead of padded sparse ones."""
-  return config.model.kind in DENSE_KINDS
-
-
-def compute_dtype(config):
-  """model.dtype as a jnp dtype: the towers' and the scores' compute dtype (float32 accumulation)."""
-  return precision.dtype_of(_field(config.model, "dtype", "float32"))
-
-
-def table_dtype(config):
-  """The class table's storage dtype for table.dtype: float32, or uint16 (the bits of bfloat16
-  values, `precision.STORAGE`)."""
-  return precision.storage_of(_field(config.table, "dtype", "float32"))
-
-
-def table_rounding(config) -> str:
-  """table.rounding: how updated rows are written into a bfloat16 table (stochastic | nearest)."""
-  return _field(config.table, "rounding", "stochastic")
-
-
-def make_tower(config, num_features: int):
-  """Returns (flax module, query width = class-row width).
-
-  snm_tower: SNMTower, width model.out -- for large d (the table is K x out).
-  linear: LinearQuery q = [x, 1], width d + 1 -- a K x (d + 1) table: moderate d only.
-  wide_deep: WideDeepQuery q = [x, 1, tower(x)], width d + 1 + out -- the linear
-    model plus the tower, summed in the score; also a K x (d + 1 + out) table.
-  mlp: MLPTower over dense rows x (N, d), width model.out (`dense_inputs`).
-  The modules take `train=True` (and rngs={"dropout": key}) to apply
-  model.dropout / model.feature_dropout; their default call is deterministic.
-  model.dtype: the towers' compute dtype (`compute_dtype`; linear has no computation: the step's
-  scores round its query).
-  """
-  m = config.model
-  dtype = {"dtype": compute_dtype(config)} if precision.is_reduced(compute_dtype(config)) else {}
-  dropout = float(_field(m, "dropout", 0.0))
-  feature_dropout = float(_field(m, "feature_dropout", 0.0))
-  if m.kind == "linear":
-    return LinearQuery(num_features=num_features, feature_dropout=feature_dropout), num_features + 1
-  if m.kind == "mlp":
-    return (MLPTower(hidden=m.hidden, out=m.out, num_hidden_layers=_field(m, "num_hidden_layers", 1),
-                     dropout=dropout, feature_dropout=feature_dropout, **dtype), m.out)
-  bag_matmul = _field(m, "bag_matmul", "gather")
-  if m.kind == "wide_deep":
-    return (WideDeepQuery(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
-                          feature_dropout=feature_dropout, bag_matmul=bag_matmul, **dtype),
-            num_features + 1 + m.out)
-  return SNMTower(num_features=num_features, hidden=m.hidden, out=m.out, dropout=dropout,
-                  feature_dropout=feature_dropout, bag_matmul=bag_matmul, **dtype), m.out
-
-
-def sparse_input_table(config) -> bool:
-  """True when the tower's EmbeddingBag table is a row-updated table: model.input_update="sparse"
-  with snm_tower or wide_deep and model.bag_matmul="gather", in the classification task. linear
-  and mlp have no input table; a dense-matmul bag (bag_matmul="dense", or "auto" before a recipe
-  resolves it) is a dense layer whose gradient is the whole table, updated by optax; the
-  retrieval task's tower has no EmbeddingBag."""
-  return gathered_bag(config) and _field(config.model, "input_update", "dense") == "sparse"
-
-
-def gathered_bag(config) -> bool:
-  """True when the model has a gathered EmbeddingBag (snm_tower or wide_deep, bag_matmul="gather",
-  classification): the only models `model.input_update` applies to."""
-  m = config.model
-  return (_field(config, "task", "classification") == "classification" and m.kind in BAG_KINDS
-          and _field(m, "bag_matmul", "gather") == "gather")
-
-
-def make_input_table(config, mesh) -> InputTable | None:
-  """The sparse input table's operations (`snm_jax.train.input_table`), or None (dense update,
-  or no input table). Its row optimiser is the tower optimiser's row-wise counterpart at the
-  tower's learning rate schedule: sgd -> SGD, momentum -> lazy momentum (beta =
-  optimizer.momentum), adagrad -> row-wise Adagrad, with optimizer.weight_decay as the row
-  optimiser's decoupled, lazy decay (the differences: `snm_jax.train.input_table`)."""
-  if not sparse_input_table(config):
-    return None
-  o = config.optimizer
-  opt = row_optimizers.get_row_optimizer(o.name, **({"beta": o.momentum} if o.name == "momentum" else {}))
-  wd = float(_field(o, "weight_decay", 0.0))
-  return InputTable(mesh=mesh, row_opt=opt._replace(weight_decay=wd) if wd else opt,
-                    lr=make_schedule(o, config.train.num_steps))
-
-
-def make_schedule(opt_config, num_steps: int, field: str = "optimizer"):
-  """learning_rate, linearly warmed up from 0 over warmup_steps, then constant
-  or cosine-decayed to 0 at num_steps. `field` names the config section in errors."""
-  lr = opt_config.learning_rate
-  warmup = _field(opt_config, "warmup_steps", 0)
-  decay = _field(opt_config, "decay", "constant")
-  if decay == "cosine":
-    sched = optax.cosine_decay_schedule(lr, max(num_steps - warmup, 1))
-  elif decay == "constant":
-    sched = optax.constant_schedule(lr)
-  else:
-    raise ConfigError(f"{field}.decay", f"{decay!r} is not one of {list(DECAYS)}")
-  if warmup:
-    sched = optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warmup), sched], [warmup])
-  return sched
-
-
-def make_table_schedule(config):
-  """step -> the class table's learning rate (table.learning_rate with
-  table.warmup_steps and table.decay, as make_schedule); make_train_step's
-  `table_lr`. The row-wise weight decay uses the same value."""
-  return make_schedule(config.table, config.train.num_steps, field="table")
-
-
-def _decay_mask(params):
-  """True on kernels and embeddings, False on biases (and anything else)."""
-  def is_weight(path, _):
-    last = path[-1] if path else None
-    return getattr(last, "key", getattr(last, "name", None)) in ("kernel", "embedding")
-  return jax.tree_util.tree_map_with_path(is_weight, params)
-
-
-def make_tower_optimizer(config) -> optax.GradientTransformation:
-  """optax optimiser of the dense tower. optimizer.weight_decay = wd > 0 adds
-  decoupled weight decay of the kernels and embeddings (not the biases):
-  adam -> optax.adamw; sgd / momentum / adagrad -> chain(their gradient
-  statistics, add_decayed_weights(wd), scale_by_learning_rate), i.e.
-  p <- p - lr_t (u_t + wd p) with u_t the plain / momentum / Adagrad direction
-  (the decay bypasses the momentum and the Adagrad accumulator). wd = 0 builds
-  exactly the plain optax optimiser."""
-  o = config.optimizer
-  sched = make_schedule(o, config.train.num_steps)
-  wd = float(_field(o, "weight_decay", 0.0))
-  if wd:
-    stats = {
-        "sgd": optax.identity,
-        "momentum": lambda: optax.trace(decay=o.momentum, nesterov=False),
-        "adagrad": lambda: optax.scale_by_rss(initial_accumulator_value=0.1, eps=1e-7),  # optax.adagrad's
-    }
-    table = {name: (lambda f=f: optax.chain(f(), optax.add_decayed_weights(wd, mask=_decay_mask),
-                                            optax.scale_by_learning_rate(sched)))
-             for name, f in stats.items()}
-    table["adam"] = lambda: optax.adamw(sched, weight_decay=wd, mask=_decay_mask)
-  else:
-    table = {
-        "sgd": lambda: optax.sgd(sched),
-        "momentum": lambda: optax.sgd(sched, momentum=o.momentum),
-        "adam": lambda: optax.adam(sched),
-        "adagrad": lambda: optax.adagrad(sched),
-    }
-  if o.name not in table:
-    raise ConfigError("optimizer.name", f"{o.name!r} is not one of {sorted(table)}")
-  tx = table[o.name]()
-  if config.train.on_nonfinite == "skip":
-    # The train step itself drops a non-finite step's whole update (tower and table) and
-    # counts it (train.max_skipped_steps bounds them). This wrapper, redundant with that,
-    # is kept because it is part of the skip mode's optimiser state: removing it would
-    # change the bits of skip-mode runs and make their checkpoints unrestorable.
-    tx = optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)
-  return tx
-
-
-def make_row_optimizer(config):
-  """The class table's row-wise optimiser, with table.weight_decay (decoupled,
-  lazy: only the rows a step touches are decayed, by 1 - lr_t * wd, once)."""
-  t = config.table
-  kwargs = {"beta": t.momentum} if t.optimizer == "momentum" else {}
-  opt = row_optimizers.get_row_optimizer(t.optimizer, **kwargs)
-  wd = float(_field(t, "weight_decay", 0.0))
-  return opt._replace(weight_decay=wd) if wd else opt

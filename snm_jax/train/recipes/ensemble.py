@@ -29,11 +29,11 @@ import jax.numpy as jnp
 
 from snm_jax.errors import ConfigError
 from snm_jax.models.towers import l2_normalize
-from snm_jax.train import builders
-from snm_jax.train.checkpointing import Checkpointer, abstract_like
-from snm_jax.train.evaluate import make_evaluate
-from snm_jax.train.tasks import build_task
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.config import builders
+from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like
+from snm_jax.train.core.evaluate import make_evaluate
+from snm_jax.train.trainer.tasks import build_task
+from snm_jax.train.runtime.workpath import workdir_path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from snm_jax.errors import WorkdirInUseError
-from snm_jax.train.workpath import is_local, workdir_path
+from snm_jax.train.runtime.workpath import is_local, workdir_path
 
 LOCK_FILE = "run.lock"
 

@@ -1,10 +1,10 @@
 """What the loop trains: a `Task` holds every method-specific piece of a run.
 
-`snm_jax.train.loop.train_and_evaluate` is one loop for every method; it asks
-`snm_jax.train.tasks.build_task(config, mesh)` for
+`snm_jax.train.trainer.loop.train_and_evaluate` is one loop for every method; it asks
+`snm_jax.train.trainer.tasks.build_task(config, mesh)` for
 
   * `state`: the initial train state, a pytree with `step`, `nonfinite_steps`
-    and `first_nonfinite_step` (int32 scalars; see `snm_jax.train.step.TrainState`),
+    and `first_nonfinite_step` (int32 scalars; see `snm_jax.train.core.step.TrainState`),
     created with its shardings;
   * `train_step(state, batch, rng) -> (state, metrics)`: jitted, pure;
   * `batches`: an iterator of global batches with `get_state()` /
@@ -12,15 +12,15 @@
   * `evaluators`: `{"test": fn, "validation": fn?}` with `fn(state) -> {metric: value}`;
   * `info`: extra `results.json` fields (dataset, number of labels, fit time);
   * `diagnostics`: optional `fn(state, step) -> {name: float}`, called every
-    `diagnostics.every` steps and logged as `diag/...` (`snm_jax.train.diagnostics`).
+    `diagnostics.every` steps and logged as `diag/...` (`snm_jax.train.core.diagnostics`).
 
 and does the rest the same way for all of them: restore, logging, evaluation and
 model selection, checkpoints, non-finite handling, results.
 
 Tasks: "classification" (extreme classification with sampled negatives:
 SNM/S2M, negative sampling, sampled/full softmax, NCE, the adversarial tree
-sampler; `snm_jax.train.classification`) and "retrieval" (SOPRC and the
-other AUPRC losses on class-balanced embedding batches; `snm_jax.train.retrieval`).
+sampler; `snm_jax.train.trainer.classification`) and "retrieval" (SOPRC and the
+other AUPRC losses on class-balanced embedding batches; `snm_jax.train.trainer.retrieval`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any, Callable, Protocol
 import jax
 import numpy as np
 
-from snm_jax.train.host import to_host
+from snm_jax.train.runtime.host import to_host
 
-TASKS = ("classification", "retrieval")  # config.task values; their builders: snm_jax.train.tasks
+TASKS = ("classification", "retrieval")  # config.task values; their builders: snm_jax.train.trainer.tasks
 
 
 class Batches(Protocol):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from snm_jax.train import checkpointing
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.trainer import checkpointing
+from snm_jax.train.runtime.workpath import workdir_path
 
 
 def _say(message: str) -> None:

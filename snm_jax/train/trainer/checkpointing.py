@@ -31,10 +31,10 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from snm_jax.errors import CheckpointError, ConfigError
-from snm_jax.train import builders
-from snm_jax.train.host import is_writer, to_host
-from snm_jax.train.overrides import RENAMED_FIELDS
-from snm_jax.train.workpath import workdir_path
+from snm_jax.train.config import builders
+from snm_jax.train.runtime.host import is_writer, to_host
+from snm_jax.train.config.overrides import RENAMED_FIELDS
+from snm_jax.train.runtime.workpath import workdir_path
 
 DIGEST_KEY = "state_sha256"
 ON_UNREADABLE = ("restart", "fail")

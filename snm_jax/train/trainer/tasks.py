@@ -1,10 +1,10 @@
-"""`build_task(config, mesh)`: the `Task` (`snm_jax.train.task`) that `config.task` names."""
+"""`build_task(config, mesh)`: the `Task` (`snm_jax.train.core.task`) that `config.task` names."""
 
 from __future__ import annotations
 
 from snm_jax.errors import ConfigError
-from snm_jax.train import classification, retrieval
-from snm_jax.train.task import TASKS, Task
+from snm_jax.train.trainer import classification, retrieval
+from snm_jax.train.core.task import TASKS, Task
 
 # config.task -> the module whose `build(config, mesh) -> Task` makes it.
 BUILDERS = {
