@@ -32,8 +32,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.validation_seed = 0
   c.dataset.synthetic = ml_collections.ConfigDict()
   c.dataset.synthetic.num_labels = 4096      # K of the generator.
-  c.dataset.synthetic.num_train = 20000
-  c.dataset.synthetic.num_test = 2000
+  c.dataset.synthetic.num_train = 20000      # Training points drawn.
+  c.dataset.synthetic.num_test = 2000        # Test points drawn.
   c.dataset.synthetic.dim = 64               # Feature dimension.
   c.dataset.synthetic.seed = 1234            # The problem's own seed (fixed across run seeds).
   # dataset.name = "files": the four files below (snm_jax/data/array_files.py). Features: .npy (N, d) dense |
@@ -41,10 +41,10 @@ def base_config() -> ml_collections.ConfigDict:
   # format). Labels: .npz (scipy.sparse (N, K), each stored nonzero a positive) | XC label text (trn_X_Y.txt's).
   # Test d and K must equal the training ones; dataset.validation_fraction carves from the training files.
   c.dataset.files = ml_collections.ConfigDict()
-  c.dataset.files.train_features = ""
-  c.dataset.files.train_labels = ""
-  c.dataset.files.test_features = ""
-  c.dataset.files.test_labels = ""
+  c.dataset.files.train_features = ""  # Path of the training features (N, d).
+  c.dataset.files.train_labels = ""    # Path of the training labels (N, K).
+  c.dataset.files.test_features = ""   # Path of the test features (same d).
+  c.dataset.files.test_labels = ""     # Path of the test labels (same K).
 
   c.model = ml_collections.ConfigDict()
   # snm_tower (EmbeddingBag -> ReLU -> Dense -> L2; large d) | linear (Bamler & Mandt) |
@@ -75,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.table = ml_collections.ConfigDict()
   c.table.optimizer = "sgd"       # Row-wise sparse optimiser: sgd | momentum | adagrad.
-  c.table.learning_rate = 1.0
+  c.table.learning_rate = 1.0     # Peak learning rate of the row-wise optimiser (table.warmup_steps, table.decay).
   c.table.momentum = 0.9          # For table.optimizer=momentum.
   c.table.init_scale = 1.0        # Std of the N(0, s^2) initial rows (before normalisation at use).
   c.table.warmup_steps = 0        # Linear warm-up of the table's learning rate from 0 over this many steps.
@@ -93,9 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "momentum"   # optax optimiser of the dense tower: sgd | momentum | adam | adagrad.
-  c.optimizer.learning_rate = 0.1
-  c.optimizer.momentum = 0.9
-  c.optimizer.warmup_steps = 0
+  c.optimizer.learning_rate = 0.1  # Peak learning rate of the tower (and of its sparse input table).
+  c.optimizer.momentum = 0.9      # For optimizer.name=momentum (also the sparse input table's lazy momentum).
+  c.optimizer.warmup_steps = 0    # Linear warm-up of the tower's learning rate from 0 over this many steps.
   c.optimizer.decay = "constant"  # constant | cosine (to 0 at train.num_steps).
   c.optimizer.weight_decay = 0.0  # Decoupled weight decay of the tower's kernels and embeddings (not biases); adam -> adamw.
 
@@ -151,11 +151,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 256        # Global minibatch N.
-  c.train.num_steps = 1000
-  c.train.log_every = 50
+  c.train.num_steps = 1000        # Training steps (minibatches) in all.
+  c.train.log_every = 50          # Steps between logged training metrics (also logged at the last step).
   c.train.eval_every = 500        # 0 = only at the end.
   c.train.checkpoint_every = 500  # 0 = only at the end; -1 = never.
-  c.train.keep_checkpoints = 2
+  c.train.keep_checkpoints = 2    # Newest checkpoints kept in the workdir.
   c.train.fingerprint = True      # Write a sha256 of the final state to results.json (reproducibility checks).
   c.train.on_nonfinite = "stop"   # stop | skip (the batch's update is dropped and counted).
   c.train.max_skipped_steps = 10  # on_nonfinite=skip stops like stop once more steps than this were skipped.
@@ -174,7 +174,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Jain et al. propensity A and B; None: the dataset's published values (metrics.propensity_params:
   # Amazon 0.6/2.6, Wikipedia 0.5/0.4, else 0.55/1.5). Set, they are used for every dataset.
   c.eval.psp_a = ml_collections.config_dict.placeholder(float)
-  c.eval.psp_b = ml_collections.config_dict.placeholder(float)
+  c.eval.psp_b = ml_collections.config_dict.placeholder(float)  # B, as psp_a: None = the published value.
   # Validation metric that selects the state evaluated on test (needs dataset.validation_fraction > 0).
   c.eval.select_metric = "P@1"
 
@@ -190,11 +190,11 @@ def base_config() -> ml_collections.ConfigDict:
   # A recipe derives the fields left at "auto" / -1 from the data and chooses among candidates on
   # the validation split (snm_jax/train/recipes/recipe.py; experiments/configs/xmc.py). "" = a plain run.
   c.recipe = ml_collections.ConfigDict()
-  c.recipe.name = ""
+  c.recipe.name = ""              # Set (e.g. "xmc", recorded in results.json): the run is a recipe.
   c.recipe.search = ""            # Candidate grid, e.g. "table.learning_rate*=0.5,1,2;dataset.conversion=a,b".
   c.recipe.epochs = 80.0          # train.num_steps=-1: this many passes over the training part...
   c.recipe.min_steps = 500        # ...clipped to [min_steps, max_steps].
-  c.recipe.max_steps = 4000
+  c.recipe.max_steps = 4000       # Largest derived train.num_steps (recipe.epochs' clip).
   c.recipe.evaluations = 20       # Validation evaluations per run (train.eval_every=-1).
   c.recipe.refit = False          # Retrain the chosen candidate on the whole training file for its selected steps.
   # Ensembles of the top-m candidates by validation, m = 1..ensemble, scored by the sum of their logits;
@@ -205,7 +205,7 @@ def base_config() -> ml_collections.ConfigDict:
   # ceil(min_validation / M), at most recipes.MAX_SPLITS, while the validation split holds M <
   # min_validation points, else 1.
   c.recipe.splits = 1
-  c.recipe.min_validation = 1000
+  c.recipe.min_validation = 1000  # recipe.splits=-1: fewer validation points than this -> several splits.
   # Post-hoc logit adjustment of the chosen model / ensemble (Menon et al. 2021): score - tau log prior(y),
   # tau from this comma-separated grid (0 always in it) chosen on validation (snm_jax/train/core/logit_adjust.py).
   # "" = off.
@@ -213,9 +213,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.
-  c.distributed.coordinator_address = ""
-  c.distributed.num_processes = 0
-  c.distributed.process_id = -1
+  c.distributed.coordinator_address = ""  # host:port of process 0; "" = from the environment.
+  c.distributed.num_processes = 0  # Processes in the job; 0 = from the environment.
+  c.distributed.process_id = -1   # This process's index; -1 = from the environment.
 
   # ---- the task trained (snm_jax/train/core/task.py) -------------------------------------------------
   # classification (the sections above) | retrieval (SOPRC and the other AUPRC losses on
@@ -237,7 +237,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.auprc.synthetic = ml_collections.ConfigDict()  # dataset.name=synthetic (snm_jax/data/retrieval_tasks.py)
   c.auprc.synthetic.seed = 1234             # The task's own seed (fixed across run seeds).
   c.auprc.synthetic.num_train_classes = 100  # Training classes; test classes are new, disjoint ones.
-  c.auprc.synthetic.num_test_classes = 100
+  c.auprc.synthetic.num_test_classes = 100   # Test classes (the queries and the gallery).
   c.auprc.synthetic.max_class_size = 200    # Size of the largest class; class k has ~max * k^-exponent points.
   c.auprc.synthetic.zipf_exponent = 1.0     # Long tail of class sizes.
   c.auprc.synthetic.min_class_size = 6      # Floor on class sizes (>= samples_per_class).
@@ -263,7 +263,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.auprc.soprc.lambda_neg = 0.1      # lambda2, negatives above their mean.
   c.auprc.ap_loss = ml_collections.ConfigDict()
   c.auprc.ap_loss.tau1 = 0.1          # Same surrogates as SOPRC.
-  c.auprc.ap_loss.tau2 = 0.001
+  c.auprc.ap_loss.tau2 = 0.001        # One-sided sigmoid temperature, as auprc.soprc.tau2.
   c.auprc.smooth_ap = ml_collections.ConfigDict()
   c.auprc.smooth_ap.temperature = 0.01  # Sigmoid temperature of Smooth-AP.
   c.auprc.triplet = ml_collections.ConfigDict()
