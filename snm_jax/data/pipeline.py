@@ -398,6 +398,20 @@ def make_global_batch(local_batch: dict, mesh: jax.sharding.Mesh, data_axis="dat
           for k, v in local_batch.items()}
 
 
+
+def make_stacked_global_batch(local_batches: list[dict], mesh: jax.sharding.Mesh, global_batch_size: int,
+                              data_axis="data") -> dict:
+  """Several runs' per-process batches (a candidate group's members, `snm_jax.train.trainer.group`)
+  stacked on a leading member axis: global arrays (M, global_batch_size, ...) sharded as
+  P(None, data_axis), each member's rows as `make_global_batch` would place them."""
+  sharding = jax.NamedSharding(mesh, jax.P(None, _data_axes(data_axis)))
+  out = {}
+  for k in local_batches[0]:
+    stacked = np.stack([np.asarray(b[k]) for b in local_batches])
+    out[k] = jax.make_array_from_process_local_data(
+        sharding, stacked, (stacked.shape[0], global_batch_size, *stacked.shape[2:]))
+  return out
+
 class DevicePrefetcher:
   """Iterator moving batches to devices in a background thread, `size` ahead.
 

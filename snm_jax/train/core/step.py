@@ -268,7 +268,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
                     normalize_classes: bool, stratum_cdf: jax.Array | None = None, donate: bool = True,
                     table_rows: int | None = None, dropout: bool | None = None, max_traces: int | None = None,
                     input_table: InputTable | None = None, compute_dtype=jnp.float32,
-                    table_rounding: str = "nearest"):
+                    table_rounding: str = "nearest", member: bool = False):
   """Builds `train_step(state, batch, rng) -> (state, metrics)`, jitted.
 
   sampler: a `StratifiedSampler` or a global sampler (the adversarial tree,
@@ -298,6 +298,11 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
   compute_dtype: the scores' factors (model.dtype, `make_loss_and_grads`). table_rounding:
     "nearest" | "stochastic", how updated rows are written into a table narrower than float32
     (the state's `table.dtype`; `precision.round_rows`); float32 tables ignore it.
+  member: True returns the step of one member of a candidate group (`snm_jax.train.trainer.group`),
+    unjitted, for the group to `vmap` and jit: `train_step(state, batch, rng, table_lr_scale)`, the
+    table's learning rate `table_lr(step) * table_lr_scale` (a traced scalar, so members with
+    different rates share one program; with table_lr the unit-rate schedule this is the bits of
+    `table_lr` at that rate, as optax's schedules end with the product by their initial value).
   """
   loss_and_grads, negatives = make_loss_and_grads(
       tower_apply=tower_apply, sampler=sampler, loss=loss, mesh=mesh,
@@ -305,7 +310,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
       dropout=dropout, input_table=input_table, compute_dtype=compute_dtype)
   update_table = make_table_update(negatives, mesh, row_opt, table_rounding)
 
-  def train_step(state: TrainState, batch, rng):
+  def train_step(state: TrainState, batch, rng, table_lr_scale=None):
+    lr = table_lr(state.step) if table_lr_scale is None else table_lr(state.step) * table_lr_scale
     out = loss_and_grads(state.tower_params(), state.table, batch, rng)
     # ---- 3. update; a non-finite loss or gradient drops it (see _all_finite) --
     updates, opt_state = tx.update(out.g_params, state.opt_state, state.params)
@@ -315,7 +321,7 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     table, table_state = update_table(
         state.table, state.table_state, out.draws.ids, jnp.where(finite, out.g_rows, 0.0),
         jnp.where(finite, out.g_pos, 0.0), out.draws.owned, batch["label"],
-        jnp.where(finite, table_lr(state.step), 0.0), jax.random.fold_in(rng, ROUNDING_FOLD_IN))
+        jnp.where(finite, lr, 0.0), jax.random.fold_in(rng, ROUNDING_FOLD_IN))
     inputs = {}
     if input_table is not None:  # the rows of the batch's features, as the class table's rows
       inputs = dict(zip(("input_table", "input_table_state"), input_table.update(
@@ -330,6 +336,8 @@ def make_train_step(*, tower_apply: Callable, tx: optax.GradientTransformation,
     return new_state, _step_metrics(batch["valid"], out.loss, out.per_example, out.pos, out.hardest,
                                     out.n_valid)
 
+  if member:
+    return train_step
   if max_traces is not None:
     train_step = limit_traces(train_step, max_traces)
   return jax.jit(train_step, donate_argnums=(0,) if donate else ())

@@ -13,6 +13,9 @@
   * `info`: extra `results.json` fields (dataset, number of labels, fit time);
   * `diagnostics`: optional `fn(state, step) -> {name: float}`, called every
     `diagnostics.every` steps and logged as `diag/...` (`snm_jax.train.core.diagnostics`).
+  * `member_step`: optional, the unjitted `step(state, batch, rng, table_lr_scale)` that a
+    candidate group vmaps over its members (`snm_jax.train.trainer.group`); None: the task's runs
+    are trained one by one.
 
 and does the rest the same way for all of them: restore, logging, evaluation and
 model selection, checkpoints, non-finite handling, results.
@@ -58,6 +61,7 @@ class Task:
   evaluators: dict[str, Callable]
   info: dict = dataclasses.field(default_factory=dict)
   diagnostics: Callable | None = None
+  member_step: Callable | None = None
 
 
 def state_fingerprint(state) -> str:

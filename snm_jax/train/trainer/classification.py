@@ -24,6 +24,7 @@ from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.models import precision
 from snm_jax.train.config import builders, sample_schedule, validation
+from snm_jax.train.config.overrides import with_overrides
 from snm_jax.train.core.diagnostics import make_diagnose, probe_batch
 from snm_jax.train.core.evaluate import make_evaluate
 from snm_jax.train.core.input_table import input_table_rows, split_params
@@ -91,16 +92,21 @@ def build(config, mesh) -> Task:
       b_sampler = builders.make_sampler(b_config, num_labels, run_data.label_counts)[0]
     return b_sampler, builders.make_loss_spec(b_config, num_labels)
 
-  def train_step_for(b):
+  def train_step_for(b, member=False):
     b_sampler, loss = sampler_and_loss(b)
+    # A group member's rate is an input: its schedule at rate 1, scaled (make_train_step's `member`).
+    table_lr = builders.make_table_schedule(
+        with_overrides(config, {"table.learning_rate": 1.0}) if member else config)
     return make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
-                           table_lr=builders.make_table_schedule(config), sampler=b_sampler, loss=loss,
+                           table_lr=table_lr, sampler=b_sampler, loss=loss,
                            mesh=mesh, normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
                            table_rows=table_rows, max_traces=1, input_table=input_table,
                            compute_dtype=builders.compute_dtype(config),
-                           table_rounding=builders.table_rounding(config))
+                           table_rounding=builders.table_rounding(config), member=member)
 
   train_step = sample_schedule.phased_step(schedule, train_step_for)
+  # One phase (no mining.num_samples_schedule): the step a candidate group vmaps (trainer/group.py).
+  member_step = train_step_for(schedule[0][1], member=True) if len(schedule) == 1 else None
 
   # This process's block of the global batch under the mesh (not jax.process_index():
   # processes that share a data shard, e.g. a model axis spanning hosts, feed the same rows).
@@ -142,7 +148,7 @@ def build(config, mesh) -> Task:
 
     diagnose = sample_schedule.phased_diagnose(schedule, diagnose_for)
   return Task(state=state, train_step=train_step, batches=GlobalBatches(batcher, mesh),
-              evaluators=evaluators, diagnostics=diagnose,
+              evaluators=evaluators, diagnostics=diagnose, member_step=member_step,
               info={"dataset": run_data.source, "num_labels": num_labels,
                     "tree_fit_seconds": tree_fit_seconds, **tree_info})  # not included in train_seconds
 

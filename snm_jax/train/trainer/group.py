@@ -1,0 +1,247 @@
+"""Candidate groups: runs of one shape trained together, as one program.
+
+A recipe's candidates differ in a few values -- the class table's learning rate, the seed, the
+validation split (`GROUPED_FIELDS`) -- and in nothing that changes a shape. A `CandidateGroup`
+trains such runs (its *members*) at once: their states stacked on a leading member axis, the
+task's step `jax.vmap`ped over it (`Task.member_step`, the table's learning rate a traced input),
+each member fed the next batch of its own data pipeline, so every step of every member is one
+dispatch of one compiled program. What each member computes is what its own run computes
+(`train_and_evaluate` with its config): the same initial state, batches, step keys
+(`fold_in(key(seed + 1), step)`) and learning rate, so the group gives each member's run to float
+tolerance (the vmapped matmuls may sum in another order).
+
+Evaluation scores validation only (`eval.select_metric`, the selection of each member's best
+state, kept on the device); the test split is read once per finished member, of its selected
+state, by `finish`. The caller decides which members stop early (`drop`: successive halving in
+`snm_jax.train.recipes.recipe`), so a group never reads the test split to choose.
+
+A finished member leaves what a finished run leaves for the recipe and the ensembles: config.json,
+results.json and its selected state in `<workdir>/best`. Not kept: periodic checkpoints of the
+group -- an interrupted group is retrained from its start (its finished members are reused).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from snm_jax.data.pipeline import make_stacked_global_batch
+from snm_jax.errors import ConfigError
+from snm_jax.train.core.task import state_fingerprint
+from snm_jax.train.runtime.host import is_writer, itstime, to_host
+from snm_jax.train.runtime.progress import Progress
+from snm_jax.train.runtime.workpath import workdir_path, write_text
+from snm_jax.train.trainer.checkpointing import Checkpointer
+from snm_jax.train.trainer.tasks import build_task
+
+# The fields group members may differ in: values the step takes as inputs, or that only change
+# which data a member reads. Every other field must be equal (`group_key`).
+GROUPED_FIELDS = ("table.learning_rate", "seed", "dataset.validation_seed")
+
+
+def group_key(config) -> str | None:
+  """Runs with equal keys can be one group; None: `config` trains alone (a task without a member
+  step, a growing sample size, diagnostics, a tree sampler or no validation split)."""
+  if (config.get("task", "classification") != "classification"
+      or config.mining.get("num_samples_schedule", "") or config.mining.sampler == "tree"
+      or (config.get("diagnostics") is not None and config.diagnostics.every > 0)
+      or config.dataset.validation_fraction <= 0):
+    return None
+  flat = json.loads(config.to_json_best_effort())
+  for field in GROUPED_FIELDS:
+    *sections, name = field.split(".")
+    node = flat
+    for s in sections:
+      node = node[s]
+    node.pop(name, None)
+  return json.dumps(flat, sort_keys=True)
+
+
+def _stacked_sharding(sharding):
+  """The sharding of a member leaf's stack: the member axis unsharded in front."""
+  return jax.NamedSharding(sharding.mesh, jax.P(None, *sharding.spec))
+
+
+class CandidateGroup:
+  """Members [(name, config, workdir)] of one `group_key`, trained as one vmapped program."""
+
+  def __init__(self, members, mesh):
+    keys = {group_key(c) for _, c, _ in members}
+    if None in keys or len(keys) != 1:
+      raise ConfigError("recipe", "a candidate group's members must differ only in "
+                        f"{list(GROUPED_FIELDS)} and train a classification task with a validation split")
+    t0 = time.perf_counter()
+    self.mesh = mesh
+    self.names = [n for n, _, _ in members]
+    self.configs = {n: c for n, c, _ in members}
+    self.workdirs = {n: workdir_path(w) for n, _, w in members}
+    self.tasks = {n: build_task(c, mesh) for n, c, _ in members}
+    first = self.tasks[self.names[0]]
+    if first.member_step is None:
+      raise ConfigError("mining.num_samples_schedule", "a growing sample size trains alone")
+    config = self.configs[self.names[0]]
+    self.num_steps, self.eval_every = config.train.num_steps, config.train.eval_every
+    self.select_metric = config.eval.select_metric
+    self.member_shardings = jax.tree.map(lambda x: x.sharding, first.state)
+    self.progress = {n: Progress() for n in self.names}
+    self.best = {}                      # name -> its selected state (device)
+    self.last_validation = {}           # name -> the newest validation metrics
+    self.alive = list(self.names)
+    self.step = 0
+    self.seconds = {"build": time.perf_counter() - t0, "compile": 0.0, "train": 0.0, "evaluate": 0.0}
+
+    member_step = first.member_step
+
+    def step_one(state, batch, key, lr_scale):
+      return member_step(state, batch, jax.random.fold_in(key, state.step), lr_scale)
+
+    self._vstep = jax.jit(jax.vmap(step_one), donate_argnums=(0,))
+    self._take = jax.jit(lambda s, i: jax.tree.map(lambda x: x[i], s),
+                         out_shardings=self.member_shardings)
+    self._restack([self.tasks[n].state for n in self.names])
+
+  # ---- the stacked state of the members still training -------------------------------------
+  def _restack(self, states):
+    shardings = jax.tree.map(_stacked_sharding, self.member_shardings)
+    self.state = jax.jit(lambda *s: jax.tree.map(lambda *x: jnp.stack(x), *s),
+                         out_shardings=shardings)(*states)
+    cfg = self.configs
+    self._keys = jnp.stack([jax.random.key(cfg[n].seed + 1) for n in self.alive])
+    self._lr = jnp.asarray([cfg[n].table.learning_rate for n in self.alive], jnp.float32)
+    self._compiled = False
+
+  def _member_state(self, name):
+    return self._take(self.state, self.alive.index(name))
+
+  def _next_batch(self) -> dict:
+    return make_stacked_global_batch([next(self.tasks[n].batches.batcher) for n in self.alive],
+                                     self.mesh, self.configs[self.alive[0]].train.batch_size)
+
+  # ---- training ---------------------------------------------------------------------------
+  def advance(self, until: int) -> None:
+    """Trains the members still alive up to step `until` (at most train.num_steps), evaluating
+    validation every train.eval_every steps; a member out of `train.patience` or diverged stops."""
+    until = min(until, self.num_steps)
+    while self.alive and self.step < until:
+      t0 = time.perf_counter()
+      self.state, _ = self._vstep(self.state, self._next_batch(), self._keys, self._lr)
+      self.step += 1
+      if not self._compiled:
+        jax.block_until_ready(self.state)
+        self.seconds["compile"] += time.perf_counter() - t0
+        self._compiled = True
+      else:
+        self.seconds["train"] += time.perf_counter() - t0
+      if itstime(self.step, self.eval_every, self.num_steps):
+        self._evaluate()
+
+  def _evaluate(self) -> None:
+    jax.block_until_ready(self.state)
+    t0 = time.perf_counter()
+    bad = to_host(self.state.nonfinite_steps)
+    stopped = []
+    for i, name in enumerate(list(self.alive)):
+      config = self.configs[name]
+      if bad[i] and (config.train.on_nonfinite == "stop" or bad[i] > config.train.get("max_skipped_steps", 10)):
+        self._diverged(name, int(bad[i]))
+        stopped.append(name)
+        continue
+      state = self._member_state(name)
+      val = self.tasks[name].evaluators["validation"](state)
+      if self.select_metric not in val:
+        raise ConfigError("eval.select_metric", f"{self.select_metric!r} is not one of the evaluated "
+                          f"metrics {sorted(k for k, v in val.items() if isinstance(v, float))}")
+      floats = {k: v for k, v in val.items() if isinstance(v, float)}
+      progress = self.progress[name]
+      progress.history.append({"step": self.step, **{f"val/{k}": v for k, v in floats.items()}})
+      self.last_validation[name] = floats
+      if progress.record_selection(self.step, val[self.select_metric]):
+        self.best[name] = state
+      if progress.out_of_patience(config.train.patience):
+        progress.stopped_early = True
+        stopped.append(name)
+        self._finish_member(name)
+    if stopped:
+      self._keep([n for n in self.alive if n not in stopped])
+    self.seconds["evaluate"] += time.perf_counter() - t0
+
+  def best_value(self, name) -> float | None:
+    """The member's best validation `eval.select_metric` so far (None before any evaluation)."""
+    return self.progress[name].best_value
+
+  # ---- members leaving --------------------------------------------------------------------
+  def _keep(self, names) -> None:
+    if names == self.alive:
+      return
+    states = [self._member_state(n) for n in names]
+    self.alive = list(names)
+    if names:
+      self._restack(states)
+    else:
+      self.state = None
+
+  def drop(self, names, reason: dict) -> None:
+    """Stops the named members (successive halving): each leaves `eliminated.json` with `reason`
+    and its validation record, and is not evaluated on test."""
+    for name in names:
+      record = {**reason, "step": self.step, "best_value": self.best_value(name),
+                "best_step": self.progress[name].best_step, "select_metric": self.select_metric}
+      if is_writer():
+        write_text(self.workdirs[name] / "eliminated.json", json.dumps(record, indent=2, sort_keys=True))
+      self.best.pop(name, None)
+    self._keep([n for n in self.alive if n not in names])
+
+  def _diverged(self, name, bad: int) -> None:
+    first = int(to_host(self._member_state(name).first_nonfinite_step))
+    out = {"diverged": f"non-finite loss or gradient at step {first} of {self.num_steps} "
+                       f"({bad} non-finite steps) in candidate group member {name}"}
+    logging.warning("[candidate %s] diverged, left out: %s", name, out["diverged"])
+    if is_writer():
+      write_text(self.workdirs[name] / "diverged.json", json.dumps(out))
+
+  def finish(self) -> None:
+    """Trains the members still alive to train.num_steps and finishes each (`_finish_member`)."""
+    self.advance(self.num_steps)
+    for name in list(self.alive):
+      self._finish_member(name)
+    self._keep([])
+
+  def _finish_member(self, name) -> None:
+    """Test metrics of the member's selected state (and of its last), its selected state in
+    `<workdir>/best`, config.json and results.json, as `train_and_evaluate` leaves them."""
+    config, workdir, task = self.configs[name], self.workdirs[name], self.tasks[name]
+    progress, last_state = self.progress[name], self._member_state(name)
+    t0 = time.perf_counter()
+    best = self.best.pop(name)
+    final = task.evaluators["test"](best)
+    last = final if progress.best_step == self.step else task.evaluators["test"](last_state)
+    best_ckpt = Checkpointer(workdir / "best", keep=1)
+    try:
+      best_ckpt.save(progress.best_step, best, {"metric": self.select_metric, "value": progress.best_value})
+    finally:
+      best_ckpt.close()
+    self.seconds["evaluate"] += time.perf_counter() - t0
+    members = len(self.names)
+    train_seconds = self.seconds["train"] / members  # the member's share of the group's steps
+    results = {
+        **task.info, "steps": self.step, "train_seconds": train_seconds,
+        "seconds_per_step": train_seconds / max(self.step, 1),
+        "nonfinite_steps": int(to_host(last_state.nonfinite_steps)),
+        "truncation": task.batches.stats, "final": final,
+        "selected": {"step": progress.best_step, "metric": self.select_metric,
+                     "value": progress.best_value, "last_step": self.step,
+                     "last": {k: v for k, v in last.items() if isinstance(v, float)},
+                     "stopped_early": progress.stopped_early},
+        "history": progress.history, "mesh": dict(self.mesh.shape),
+        "num_processes": jax.process_count(), "train_seconds_excludes_eval": True,
+        "group": {"members": self.names, "seconds": dict(self.seconds)},
+    }
+    if config.train.fingerprint:
+      results["state_fingerprint"] = state_fingerprint(last_state)
+    if is_writer():
+      write_text(workdir / "config.json", json.dumps(json.loads(config.to_json_best_effort()), indent=2))
+      write_text(workdir / "results.json", json.dumps(results, indent=2, sort_keys=True))

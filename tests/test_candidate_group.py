@@ -1,0 +1,94 @@
+"""Candidate groups (snm_jax/train/trainer/group.py): members trained as one vmapped program give
+the runs each member's config gives alone, and the group never reads the test split to choose."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import xmc
+from snm_jax import sharding
+from snm_jax.train.config.overrides import with_overrides
+from snm_jax.train.recipes import ensemble
+from snm_jax.train.trainer import group as group_lib
+from snm_jax.train.trainer.loop import train_and_evaluate
+
+# Three members of one shape: two table learning rates, and a second validation split.
+MEMBERS = {"lr_x1": {}, "lr_x2": {"table.learning_rate": 2.0},
+           "split_1": {"dataset.validation_seed": 1, "seed": 3}}
+
+
+def base_config():
+  c = with_overrides(xmc.get_config("synthetic,runlocal"), {
+      "recipe.name": "", "model.kind": "linear", "loss.kind": "full_softmax", "mining.sampler": "full",
+      "mining.num_samples": 0, "train.batch_size": 64, "train.num_steps": 24, "train.eval_every": 8,
+      "table.learning_rate": 1.0, "model.bag_matmul": "dense", "loss.logit_scale": 1.0,
+      "dataset.synthetic.num_labels": 64, "dataset.synthetic.num_train": 1000,
+      "dataset.synthetic.num_test": 200, "dataset.synthetic.dim": 32, "mining.num_strata": 1,
+      "model.hidden": 8, "model.out": 8, "model.dropout": 0.0, "train.checkpoint_every": 0})
+  return with_overrides(c, {"mining.num_samples": 64})
+
+
+def member_configs():
+  return {n: with_overrides(base_config(), over) for n, over in MEMBERS.items()}
+
+
+def _best_table(config, workdir):
+  mesh = sharding.make_mesh(config.mesh.shape)
+  member, _ = ensemble.load_member(config, workdir, mesh, num_features=32)
+  return np.asarray(jax.device_get(member.table))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("group")
+  configs = member_configs()
+  alone = {n: train_and_evaluate(c, root / "alone" / n) for n, c in configs.items()}
+  mesh = sharding.make_mesh(configs["lr_x1"].mesh.shape)
+  group = group_lib.CandidateGroup([(n, c, root / "group" / n) for n, c in configs.items()], mesh)
+  group.finish()
+  together = {n: json.loads((root / "group" / n / "results.json").read_text()) for n in configs}
+  return root, configs, alone, together
+
+
+def test_members_share_one_group_key():
+  keys = {group_lib.group_key(c) for c in member_configs().values()}
+  assert len(keys) == 1 and None not in keys
+  other = with_overrides(base_config(), {"train.batch_size": 32})
+  assert group_lib.group_key(other) not in keys
+
+
+def test_a_group_trains_each_member_as_its_own_run(runs):
+  root, configs, alone, together = runs
+  for name, config in configs.items():
+    a, g = alone[name], together[name]
+    assert g["steps"] == a["steps"] == config.train.num_steps
+    assert g["selected"]["step"] == a["selected"]["step"], name
+    np.testing.assert_allclose(g["selected"]["value"], a["selected"]["value"], rtol=1e-4, err_msg=name)
+    for k in ("P@1", "P@5", "nDCG@5"):
+      np.testing.assert_allclose(g["final"][k], a["final"][k], atol=1e-3, err_msg=f"{name} {k}")
+    np.testing.assert_allclose(_best_table(config, root / "group" / name),
+                               _best_table(config, root / "alone" / name), rtol=1e-4, atol=1e-5,
+                               err_msg=name)
+  # the members really differ (different rates / data), so the comparison above is not vacuous
+  assert together["lr_x1"]["selected"]["value"] != together["lr_x2"]["selected"]["value"]
+
+
+def test_a_dropped_member_is_never_evaluated_on_test(tmp_path):
+  configs = member_configs()
+  mesh = sharding.make_mesh(configs["lr_x1"].mesh.shape)
+  group = group_lib.CandidateGroup([(n, c, tmp_path / n) for n, c in configs.items()], mesh)
+  test_calls = []
+  for name, task in group.tasks.items():
+    real = task.evaluators["test"]
+    task.evaluators["test"] = lambda s, name=name, real=real: test_calls.append(name) or real(s)
+  group.advance(8)
+  assert all(group.best_value(n) is not None for n in configs)
+  group.drop(["lr_x2"], {"rule": "test"})
+  group.finish()
+  assert "lr_x2" not in test_calls and sorted(set(test_calls)) == ["lr_x1", "split_1"]
+  record = json.loads((tmp_path / "lr_x2" / "eliminated.json").read_text())
+  assert record["step"] == 8 and record["best_step"] == 8
+  assert not (tmp_path / "lr_x2" / "results.json").exists()
+  assert (tmp_path / "lr_x1" / "results.json").exists()
