@@ -7,52 +7,17 @@ r"""The extreme-classification recipe: settings derived from the data, chosen on
   python -m experiments.train --config=experiments/configs/xmc.py:delicious,model=snm_tower --workdir=...
 
 Argument "<dataset>[,model=auto|linear|wide_deep|snm_tower][,runlocal]": any dataset name the
-loader finds (`<data_dir>/<name>/<name>_train.txt` and `_test.txt`, XC format), or "synthetic".
+loader finds (`<data_dir>/<name>/<name>_train.txt` and `_test.txt`, XC format), "files" (the four
+`dataset.files.*` paths), or "synthetic".
 
 What it does (snm_jax/train/recipes/recipe.py): 10% of the training file is held out as a validation
-split (by example index, seed `dataset.validation_seed`); the fields left at "auto" / -1 below
-are derived from the data's statistics:
-  model.kind           searched over linear ([x, 1] against a K x (d+1) table) and wide_deep (that
-                       plus the SNM tower below) while the table K (d + 1 + out) <= 2^28 entries,
-                       else the SNM tower alone;
-  model.bag_matmul     the tower's input layer as a dense matmul while d <= 2^14, else a gather;
-  model.hidden/out/dropout, loss.logit_scale   per model kind: wide_deep's tower 256/128 with
-                       dropout 0.3, scores x1; the SNM tower alone 1024/512, dropout 0.5, cosine
-                       scores x20 (recipes.KIND_SETTINGS);
-  loss / sampler       exact softmax over all labels while K <= 2^14, else sampled softmax with
-                       the logQ correction over min(8192, K) uniform negatives;
-  train.batch_size     a power of two, 32..512, at most 1/8 of the training points;
-  train.num_steps      recipe.epochs passes over the training part, clipped to [500, 4000];
-  table.learning_rate  0.16 x batch size for the linear model (the per-example step that was
-                       stable on the Bibtex and Delicious validation splits), cosine-decayed;
-and one run per point of `recipe.search` ("auto": the model as above x the table learning rate
-x {0.5, 1, 2}, 6 candidates) is trained, each keeping its best validation checkpoint. With the
-linear model and K <= 2^14, "auto" adds one one-vs-rest candidate, "ovr_pairs" (recipes.ovr_settings):
-the linear model trained with a per-label binary loss over every label -- BOWL (Reddi et al.) with a
-constant theta and the squared hinge, scored exactly over all K (loss.kind=bowl, loss.phi=
-squared_hinge, mining.sampler=full, mining.vartheta=negative_sampling with the "expectation" norm,
-so each negative weighs ~1/mining.k), mining.k = the mean number of labels per point (rounded), on
-every (point, positive label) pair (dataset.conversion=expand_all_positives: every positive weighs 1
-as in LinearSVC's per-label sums; one drawn positive per point would weigh each 1/|Y_i|), no weight
-decay, and the table learning rate 5.12, not scaled with the batch size (the squared hinge's
-curvature does not saturate: 10.24 diverged on Bibtex). A candidate whose loss turns non-finite is left out
-(recipe.diverged in results.json), not fatal. The candidate
-with the best validation nDCG@5 is the best single model (each candidate's checkpoint is selected on
-it too). Last, the ensembles of the top m = 1..recipe.ensemble (3) candidates by validation are
-scored on validation -- an ensemble scores a label by the SUM of its members' logits (each with its
-own logit scale and class normalisation), which ranks as the product of their softmax distributions
-(the one-vs-rest candidate's margins are added as they are, unstandardised: see below) and is retrieved exactly by the chunked top-k over the concatenated queries and class rows
-(snm_jax/train/recipes/ensemble.py) -- and the m with the best validation nDCG@5 is the result (m = 1: the
-best candidate alone); only that ensemble is scored on test (results.json: recipe.ensemble). The
-test split is never used to choose. recipe.ensemble=1 turns the step off (needed with recipe.refit).
-While the validation split holds fewer than recipe.min_validation (1000) points (Bibtex: 488), all of
-that runs on r = ceil(1000 / M) <= 5 random validation splits of the same size (recipe.splits=-1;
-seeds dataset.validation_seed + i): every candidate is trained once per split, candidates and m are
-chosen on the mean over the splits, and the result sums the chosen members' models of every split
-(recipes.num_splits). Delicious (1,292 validation points) keeps one split.
-recipe.logit_adjust (off here, a grid of taus to turn it on) re-scores the result post hoc by
-z(x, y) - tau log prior(y) (Menon et al. 2021), tau chosen on validation (see below).
-Set any of those fields explicitly to keep it as given.
+split; the fields left at "auto" / -1 below (model, loss, sampler, batch size, steps, table
+learning rate) are derived from the data's statistics; one candidate per point of `recipe.search` is trained,
+each keeping its best validation checkpoint; the ensembles of the top m = 1..recipe.ensemble
+candidates (the sum of their logits) are scored on validation and the best m is the result, the
+only one scored on test. While the validation split is small, all of that is repeated on several
+validation splits and the result sums their models. Set any field explicitly to keep it as given.
+The derivation rules, the candidates and the measurements behind each choice: docs/recipe.md.
 """
 
 from experiments.configs import common
