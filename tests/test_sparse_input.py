@@ -259,7 +259,7 @@ def test_config_errors(overrides, field, message):
 
 
 def test_the_default_is_sparse_and_the_base_configs_validate():
-  """model.input_update defaults to sparse (it matched the dense update on the demo, README);
+  """model.input_update defaults to sparse (it matched the dense update on the demo, docs/design.md);
   every run trained before the field existed is reproduced with model.input_update=dense."""
   assert default.get_config().model.input_update == "sparse"
   validation.validate(default.get_config())

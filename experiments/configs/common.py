@@ -70,7 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
   # each step; how every run before this field trained). bag_matmul=dense is a dense layer: dense update.
   c.model.input_update = "sparse"
   # Compute dtype of the towers and the scores: float32 | bfloat16 (parameters stay float32; matmuls take
-  # bfloat16 factors and accumulate in float32; queries, norms and every loss are float32). See README.
+  # bfloat16 factors and accumulate in float32; queries, norms and every loss are float32). See docs/design.md.
   c.model.dtype = "float32"
 
   c.table = ml_collections.ConfigDict()
