@@ -225,12 +225,10 @@ def use_compilation_cache(path, min_compile_seconds: float = 0.0) -> tuple:
   Returns the previous (path, min_compile_seconds) so that a caller can restore them.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.runtime import compile_cache  # pylint: disable=g-import-not-at-top
   previous = (jax.config.jax_compilation_cache_dir,
               jax.config.jax_persistent_cache_min_compile_time_secs)
-  jax.config.update("jax_compilation_cache_dir", None if path is None else str(path))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
-  compilation_cache.reset_cache()  # JAX reads the folder once, at its first compilation.
+  compile_cache.enable("" if path is None else str(path), min_compile_seconds)
   return previous
 
 

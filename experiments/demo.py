@@ -19,6 +19,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
+from experiments import compile_cache_flag
 from experiments.configs import default, xmc
 from snm_jax.train.runtime import quiet_logs
 from snm_jax.train.recipes import runs
@@ -85,6 +86,7 @@ def table(results: dict, references: dict) -> str:
 def main(argv):
   del argv
   quiet_logs.install()
+  compile_cache_flag.enable()
   root = workdir_path(_WORKDIR.value)  # local, or any URI etils.epath reads (gs://...)
   root.mkdir(parents=True, exist_ok=True)
   results = {}

@@ -18,6 +18,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments import compile_cache_flag
 from snm_jax.errors import ConfigError, SnmJaxError
 from snm_jax.train.config import overrides, validation
 from snm_jax.train.runtime import distributed, quiet_logs
@@ -80,6 +81,7 @@ def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]} (overrides are --config.<field>=<value>)", USAGE_ERROR)
   quiet_logs.install()
+  compile_cache_flag.enable()
   if _TREE_CACHE.value:
     from snm_jax.adversarial import cache  # pylint: disable=g-import-not-at-top
     cache.use_tree_cache(_TREE_CACHE.value)

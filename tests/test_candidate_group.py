@@ -41,15 +41,21 @@ def _best_table(config, workdir):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  root = tmp_path_factory.mktemp("group")
+def alone(tmp_path_factory):
+  root = tmp_path_factory.mktemp("alone")
+  return root, {n: train_and_evaluate(c, root / n) for n, c in member_configs().items()}
+
+
+@pytest.fixture(scope="module", params=group_lib.MODES)
+def runs(request, alone, tmp_path_factory):
+  root = tmp_path_factory.mktemp(f"group_{request.param}")
   configs = member_configs()
-  alone = {n: train_and_evaluate(c, root / "alone" / n) for n, c in configs.items()}
   mesh = sharding.make_mesh(configs["lr_x1"].mesh.shape)
-  group = group_lib.CandidateGroup([(n, c, root / "group" / n) for n, c in configs.items()], mesh)
+  group = group_lib.CandidateGroup([(n, c, root / "group" / n) for n, c in configs.items()], mesh,
+                                   mode=request.param)
   group.finish()
   together = {n: json.loads((root / "group" / n / "results.json").read_text()) for n in configs}
-  return root, configs, alone, together
+  return root, alone[0], configs, alone[1], together
 
 
 def test_members_share_one_group_key():
@@ -60,7 +66,7 @@ def test_members_share_one_group_key():
 
 
 def test_a_group_trains_each_member_as_its_own_run(runs):
-  root, configs, alone, together = runs
+  root, alone_root, configs, alone, together = runs
   for name, config in configs.items():
     a, g = alone[name], together[name]
     assert g["steps"] == a["steps"] == config.train.num_steps
@@ -69,16 +75,17 @@ def test_a_group_trains_each_member_as_its_own_run(runs):
     for k in ("P@1", "P@5", "nDCG@5"):
       np.testing.assert_allclose(g["final"][k], a["final"][k], atol=1e-3, err_msg=f"{name} {k}")
     np.testing.assert_allclose(_best_table(config, root / "group" / name),
-                               _best_table(config, root / "alone" / name), rtol=1e-4, atol=1e-5,
+                               _best_table(config, alone_root / name), rtol=1e-4, atol=1e-5,
                                err_msg=name)
   # the members really differ (different rates / data), so the comparison above is not vacuous
   assert together["lr_x1"]["selected"]["value"] != together["lr_x2"]["selected"]["value"]
 
 
-def test_a_dropped_member_is_never_evaluated_on_test(tmp_path):
+@pytest.mark.parametrize("mode", group_lib.MODES)
+def test_a_dropped_member_is_never_evaluated_on_test(tmp_path, mode):
   configs = member_configs()
   mesh = sharding.make_mesh(configs["lr_x1"].mesh.shape)
-  group = group_lib.CandidateGroup([(n, c, tmp_path / n) for n, c in configs.items()], mesh)
+  group = group_lib.CandidateGroup([(n, c, tmp_path / n) for n, c in configs.items()], mesh, mode=mode)
   test_calls = []
   for name, task in group.tasks.items():
     real = task.evaluators["test"]

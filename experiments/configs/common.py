@@ -210,6 +210,17 @@ def base_config() -> ml_collections.ConfigDict:
   # tau from this comma-separated grid (0 always in it) chosen on validation (snm_jax/train/core/logit_adjust.py).
   # "" = off.
   c.recipe.logit_adjust = ""
+  # Train the candidates of one shape (equal but for table.learning_rate, seed and the validation
+  # split) together, as one vmapped program (snm_jax/train/trainer/group.py). False: one run each.
+  c.recipe.group = True
+  # How a group trains: vmap (the members' states stacked, one vmapped step) | serial (one compiled
+  # step called per member) | auto (serial on CPU, where it measured faster; vmap on GPU / TPU).
+  c.recipe.group_mode = "auto"
+  # Successive halving (Jamieson & Talwalkar 2016): at the rungs train.num_steps / halving^j
+  # (j = rungs..1) only the best ceil(n / halving) candidates by validation so far (at least
+  # recipe.ensemble) train on; the others stop and are never evaluated on test. 0 = off.
+  c.recipe.halving = 3
+  c.recipe.rungs = 2              # Rungs of the successive halving (recipe.halving > 1).
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.

@@ -9,6 +9,7 @@ one `jax.Array` sharded over the mesh's data axis.
 """
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -303,8 +304,9 @@ class SparseBatcher:
     self._position += 1
     if self._position == steps:
       if self.log_epochs:
-        log = logging.warning if st["epoch_rows_truncated"] or st["epoch_label_sets_truncated"] \
-            else logging.info
+        # Every epoch at debug verbosity (-v 1), a warning when it truncated something.
+        truncated = st["epoch_rows_truncated"] or st["epoch_label_sets_truncated"]
+        log = logging.warning if truncated else functools.partial(logging.vlog, 1)
         log("epoch %d (process %d/%d): %d examples; %d truncated to max_nnz=%d "
             "(%d feature entries dropped); %d label sets truncated to max_labels=%d.",
             self._epoch, self.process_index, self.process_count, st["epoch_examples"],
@@ -405,12 +407,11 @@ def make_stacked_global_batch(local_batches: list[dict], mesh: jax.sharding.Mesh
   stacked on a leading member axis: global arrays (M, global_batch_size, ...) sharded as
   P(None, data_axis), each member's rows as `make_global_batch` would place them."""
   sharding = jax.NamedSharding(mesh, jax.P(None, _data_axes(data_axis)))
-  out = {}
-  for k in local_batches[0]:
-    stacked = np.stack([np.asarray(b[k]) for b in local_batches])
-    out[k] = jax.make_array_from_process_local_data(
-        sharding, stacked, (stacked.shape[0], global_batch_size, *stacked.shape[2:]))
-  return out
+  stacked = {k: np.stack([np.asarray(b[k]) for b in local_batches]) for k in local_batches[0]}
+  if jax.process_count() == 1:  # every row is local: one batched transfer of all the arrays
+    return jax.device_put(stacked, sharding)
+  return {k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0], global_batch_size, *v.shape[2:]))
+          for k, v in stacked.items()}
 
 class DevicePrefetcher:
   """Iterator moving batches to devices in a background thread, `size` ahead.

@@ -129,6 +129,13 @@ def _validate_recipe(config) -> None:
   if splits != -1:
     _int("recipe.splits", splits, 1, note=" (validation splits; -1 = from the validation size)")
   _int("recipe.min_validation", field_or_default(r, "min_validation", 0), 0)
+  _bool("recipe.group", field_or_default(r, "group", True))
+  _one_of("recipe.group_mode", field_or_default(r, "group_mode", "auto"), ("auto", "vmap", "serial"))
+  halving = field_or_default(r, "halving", 0)
+  _int("recipe.halving", halving, 0, note=" (0 = no successive halving; else > 1)")
+  if halving == 1:
+    raise ConfigError("recipe.halving", "1 would keep every candidate: set 0 (off) or an integer > 1")
+  _int("recipe.rungs", field_or_default(r, "rungs", 1), 1)
   if members != 1 and r.refit:
     raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit on the whole "
                       "training file (recipe.refit=True): set recipe.ensemble=1 or recipe.refit=False")

@@ -44,9 +44,9 @@ from absl import logging
 from snm_jax.data.datasets import num_nonzero
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax import sharding
-from snm_jax.train.recipes import ensemble, reuse
+from snm_jax.train.recipes import candidates as candidates_lib
+from snm_jax.train.recipes import ensemble
 from snm_jax.train.core import logit_adjust
-from snm_jax.train.trainer import loop
 from snm_jax.train.runtime.host import is_writer
 # AUTO, the placeholder test and the `recipe.search` parser live with the overrides (builders validates
 # recipe.search with them); parse_search is re-exported here.
@@ -311,16 +311,18 @@ def run(config, workdir) -> dict:
                             for i in range(1, r)]
   logging.info("recipe %s on %s: %s; derived %s; %d validation split(s)", config.recipe.name,
                run_data.source, stats, derived, r)
-  table, fields_of, diverged = [], {}, []
+  members = [(name, i, _apply(config, {**fields, **split_fields(config, i)}),
+              split_dir(workdir, i) / "candidates" / name) for name, _, fields in points for i in range(r)]
+  trained = candidates_lib.train(config, members, sharding.make_mesh(config.mesh.shape))
+  table, fields_of, diverged, eliminated = [], {}, [], []
   for name, over, fields in points:
-    per_split = []
-    for i in range(r):
-      res = _run_or_load(_apply(config, {**fields, **split_fields(config, i)}),
-                         split_dir(workdir, i) / "candidates" / name)
-      if "diverged" in res:  # no state to choose: left out of the choice and the ensembles
-        diverged.append({"name": name, "overrides": over, "error": res["diverged"], "split": i})
-        break
-      per_split.append(res)
+    per_split = [trained[(name, i)] for i in range(r)]
+    bad = next(((i, s) for i, s in enumerate(per_split) if "diverged" in s), None)
+    if bad is not None:  # no state to choose: left out of the choice and the ensembles
+      diverged.append({"name": name, "overrides": over, "error": bad[1]["diverged"], "split": bad[0]})
+    elif any("eliminated" in s for s in per_split):  # stopped by successive halving: no test metrics
+      eliminated.append({"name": name, "overrides": over,
+                         **next(s["eliminated"] for s in per_split if "eliminated" in s)})
     else:
       fields_of[name] = fields
       row = {"name": name, "overrides": over,
@@ -342,6 +344,8 @@ def run(config, workdir) -> dict:
             "splits": r, "train_seconds_all_candidates": sum(t["train_seconds"] for t in table)}
   if diverged:
     record["diverged"] = diverged
+  if eliminated:
+    record["eliminated"] = eliminated
   max_members = ensemble_size(config, len(table))
   configs = {n: _apply(config, f) for n, f in fields_of.items()}
   # Several splits: the result is the sum of the chosen members' models over the splits (each
@@ -366,7 +370,9 @@ def run(config, workdir) -> dict:
     # before any result is seen.
     refit_fields = {**fields_of[best["name"]], "dataset.validation_fraction": 0.0,
                     "train.num_steps": max(best["selected_step"], 1), "train.eval_every": 0}
-    refit = _run_or_load(_apply(config, refit_fields), workdir / "refit")
+    refit_config = _apply(config, refit_fields)
+    refit = (candidates_lib.finished(refit_config, workdir / "refit")
+             or candidates_lib.train_alone(refit_config, workdir / "refit"))
     record["refit"] = {"steps": refit["steps"], "train_seconds": refit["train_seconds"],
                        "candidate_final": chosen["final"]}
     chosen = {**refit, "selected": chosen["selected"]}
@@ -526,27 +532,6 @@ def _ensemble_or_load(config, run_datas, table, configs, workdir, max_members) -
   if is_writer():
     write_text(path, json.dumps(record, indent=2, sort_keys=True))
   return record
-
-
-def _run_or_load(config, workdir) -> dict:
-  """One candidate (a plain run), reused when it finished earlier (`reuse.run_or_load`).
-
-  A candidate whose loss turns non-finite (`train.on_nonfinite`: a step size too large for its
-  loss, e.g. the largest of a learning-rate grid) returns {"diverged": message} and leaves
-  workdir/diverged.json, read back on a rerun, instead of stopping the recipe."""
-  marker = workdir / "diverged.json"
-  if marker.exists():
-    logging.info("[candidate %s] diverged earlier (%s)", workdir.name, marker)
-    return json.loads(marker.read_text())
-  try:
-    return reuse.run_or_load(workdir, lambda: loop.train_and_evaluate(config, workdir),
-                             f"candidate {workdir.name}", log=logging.info, config=config)
-  except NonFiniteLossError as e:
-    logging.warning("[candidate %s] diverged, left out: %s", workdir.name, e)
-    out = {"diverged": str(e)}
-    if is_writer():
-      write_text(marker, json.dumps(out))
-    return out
 
 
 def _as_splits(run_datas) -> list:

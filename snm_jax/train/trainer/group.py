@@ -27,9 +27,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
-from snm_jax.data.pipeline import make_stacked_global_batch
+from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 from snm_jax.errors import ConfigError
 from snm_jax.train.core.task import state_fingerprint
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
@@ -61,96 +62,143 @@ def group_key(config) -> str | None:
   return json.dumps(flat, sort_keys=True)
 
 
+MODES = ("vmap", "serial")
+
+
+def default_mode() -> str:
+  """"vmap" on accelerators (the members' small matmuls batched into large ones), "serial" on CPU,
+  where XLA's batched matmuls ran slower per member than one member's (Bibtex, 2 cores: the
+  wide_deep step 56 ms per member vmapped over 3 against 35 ms alone; the linear one level)."""
+  return "serial" if jax.default_backend() == "cpu" else "vmap"
+
+
 def _stacked_sharding(sharding):
   """The sharding of a member leaf's stack: the member axis unsharded in front."""
   return jax.NamedSharding(sharding.mesh, jax.P(None, *sharding.spec))
 
 
 class CandidateGroup:
-  """Members [(name, config, workdir)] of one `group_key`, trained as one vmapped program."""
+  """Members [(name, config, workdir)] of one `group_key`, trained as one program.
 
-  def __init__(self, members, mesh):
+  mode: "vmap" -- the members' states stacked, one vmapped step for all; "serial" -- each member
+  its own state, the one compiled step called for each in turn (no stacking, nothing recompiles
+  when members leave); None: `default_mode()`."""
+
+  def __init__(self, members, mesh, mode: str | None = None):
     keys = {group_key(c) for _, c, _ in members}
     if None in keys or len(keys) != 1:
       raise ConfigError("recipe", "a candidate group's members must differ only in "
                         f"{list(GROUPED_FIELDS)} and train a classification task with a validation split")
+    self.mode = mode or default_mode()
+    if self.mode not in MODES:
+      raise ConfigError("recipe.group_mode", f"{self.mode!r} is not one of {list(MODES)}")
     t0 = time.perf_counter()
     self.mesh = mesh
     self.names = [n for n, _, _ in members]
     self.configs = {n: c for n, c, _ in members}
     self.workdirs = {n: workdir_path(w) for n, _, w in members}
     self.tasks = {n: build_task(c, mesh) for n, c, _ in members}
+    # "auto" batch widths (dataset.max_nnz / max_labels = 0) follow each member's training part: pad
+    # every member's batches to the widest, so all members' batches have one shape (-1 / zero
+    # padding, which no loss reads).
+    batchers = [self.tasks[n].batches.batcher for n in self.names]
+    for attr in ("max_nnz", "max_labels"):
+      widest = max(getattr(b, attr) for b in batchers)
+      for b in batchers:
+        setattr(b, attr, widest)
     first = self.tasks[self.names[0]]
     if first.member_step is None:
       raise ConfigError("mining.num_samples_schedule", "a growing sample size trains alone")
     config = self.configs[self.names[0]]
     self.num_steps, self.eval_every = config.train.num_steps, config.train.eval_every
+    self.batch_size = config.train.batch_size
     self.select_metric = config.eval.select_metric
     self.member_shardings = jax.tree.map(lambda x: x.sharding, first.state)
     self.progress = {n: Progress() for n in self.names}
     self.best = {}                      # name -> its selected state (device)
-    self.last_validation = {}           # name -> the newest validation metrics
     self.alive = list(self.names)
     self.step = 0
     self.seconds = {"build": time.perf_counter() - t0, "compile": 0.0, "train": 0.0, "evaluate": 0.0}
+    self._key = {n: jax.random.key(self.configs[n].seed + 1) for n in self.names}
+    self._lr = {n: np.float32(self.configs[n].table.learning_rate) for n in self.names}
 
     member_step = first.member_step
 
     def step_one(state, batch, key, lr_scale):
       return member_step(state, batch, jax.random.fold_in(key, state.step), lr_scale)
 
-    self._vstep = jax.jit(jax.vmap(step_one), donate_argnums=(0,))
-    self._take = jax.jit(lambda s, i: jax.tree.map(lambda x: x[i], s),
-                         out_shardings=self.member_shardings)
-    self._restack([self.tasks[n].state for n in self.names])
+    if self.mode == "vmap":
+      self._vstep = jax.jit(jax.vmap(step_one), donate_argnums=(0,))
+      self._take = jax.jit(lambda s, i: jax.tree.map(lambda x: x[i], s),
+                           out_shardings=self.member_shardings)
+      self._restack([self.tasks[n].state for n in self.names])
+    else:
+      self._step_one = jax.jit(step_one, donate_argnums=(0,))
+      self.states = {n: self.tasks[n].state for n in self.names}
+      self._compiled = False
 
-  # ---- the stacked state of the members still training -------------------------------------
+  # ---- the members' states ------------------------------------------------------------------
   def _restack(self, states):
     shardings = jax.tree.map(_stacked_sharding, self.member_shardings)
     self.state = jax.jit(lambda *s: jax.tree.map(lambda *x: jnp.stack(x), *s),
                          out_shardings=shardings)(*states)
-    cfg = self.configs
-    self._keys = jnp.stack([jax.random.key(cfg[n].seed + 1) for n in self.alive])
-    self._lr = jnp.asarray([cfg[n].table.learning_rate for n in self.alive], jnp.float32)
+    self._keys = jnp.stack([self._key[n] for n in self.alive])
+    self._lrs = jnp.asarray([self._lr[n] for n in self.alive])
     self._compiled = False
 
   def _member_state(self, name):
-    return self._take(self.state, self.alive.index(name))
+    if self.mode == "vmap":
+      return self._take(self.state, self.alive.index(name))
+    return self.states[name]
 
-  def _next_batch(self) -> dict:
-    return make_stacked_global_batch([next(self.tasks[n].batches.batcher) for n in self.alive],
-                                     self.mesh, self.configs[self.alive[0]].train.batch_size)
+  def _block(self) -> None:
+    jax.block_until_ready(self.state if self.mode == "vmap" else self.states)
+
+  def _train_step(self) -> None:
+    batches = [next(self.tasks[n].batches.batcher) for n in self.alive]
+    if self.mode == "vmap":
+      batch = make_stacked_global_batch(batches, self.mesh, self.batch_size)
+      self.state, _ = self._vstep(self.state, batch, self._keys, self._lrs)
+      return
+    for name, batch in zip(self.alive, batches):
+      self.states[name], _ = self._step_one(self.states[name], make_global_batch(batch, self.mesh),
+                                            self._key[name], self._lr[name])
 
   # ---- training ---------------------------------------------------------------------------
   def advance(self, until: int) -> None:
     """Trains the members still alive up to step `until` (at most train.num_steps), evaluating
     validation every train.eval_every steps; a member out of `train.patience` or diverged stops."""
     until = min(until, self.num_steps)
+    t_start, evaluate_before = time.perf_counter(), self.seconds["evaluate"]
     while self.alive and self.step < until:
-      t0 = time.perf_counter()
-      self.state, _ = self._vstep(self.state, self._next_batch(), self._keys, self._lr)
-      self.step += 1
-      if not self._compiled:
-        jax.block_until_ready(self.state)
+      if not self._compiled:  # the first step after a (re)stack: its compilation, timed apart
+        t0 = time.perf_counter()
+        self._train_step()
+        self._block()
         self.seconds["compile"] += time.perf_counter() - t0
+        t_start += time.perf_counter() - t0
         self._compiled = True
       else:
-        self.seconds["train"] += time.perf_counter() - t0
+        self._train_step()
+      self.step += 1
       if itstime(self.step, self.eval_every, self.num_steps):
         self._evaluate()
+    if self.alive:
+      self._block()
+    # steps dispatch asynchronously: the training time is the span less the evaluations in it
+    self.seconds["train"] += time.perf_counter() - t_start - (self.seconds["evaluate"] - evaluate_before)
 
   def _evaluate(self) -> None:
-    jax.block_until_ready(self.state)
+    self._block()  # (the steps' time, counted as training by `advance`)
     t0 = time.perf_counter()
-    bad = to_host(self.state.nonfinite_steps)
     stopped = []
-    for i, name in enumerate(list(self.alive)):
-      config = self.configs[name]
-      if bad[i] and (config.train.on_nonfinite == "stop" or bad[i] > config.train.get("max_skipped_steps", 10)):
-        self._diverged(name, int(bad[i]))
+    for name in list(self.alive):
+      config, state = self.configs[name], self._member_state(name)
+      bad = int(to_host(state.nonfinite_steps))
+      if bad and (config.train.on_nonfinite == "stop" or bad > config.train.get("max_skipped_steps", 10)):
+        self._diverged(name, bad)
         stopped.append(name)
         continue
-      state = self._member_state(name)
       val = self.tasks[name].evaluators["validation"](state)
       if self.select_metric not in val:
         raise ConfigError("eval.select_metric", f"{self.select_metric!r} is not one of the evaluated "
@@ -158,9 +206,9 @@ class CandidateGroup:
       floats = {k: v for k, v in val.items() if isinstance(v, float)}
       progress = self.progress[name]
       progress.history.append({"step": self.step, **{f"val/{k}": v for k, v in floats.items()}})
-      self.last_validation[name] = floats
       if progress.record_selection(self.step, val[self.select_metric]):
-        self.best[name] = state
+        # serial: the state's buffers are donated to the next step, so the best one is a copy
+        self.best[name] = state if self.mode == "vmap" else jax.tree.map(jnp.copy, state)
       if progress.out_of_patience(config.train.patience):
         progress.stopped_early = True
         stopped.append(name)
@@ -176,6 +224,10 @@ class CandidateGroup:
   # ---- members leaving --------------------------------------------------------------------
   def _keep(self, names) -> None:
     if names == self.alive:
+      return
+    if self.mode == "serial":
+      self.states = {n: self.states[n] for n in names}
+      self.alive = list(names)
       return
     states = [self._member_state(n) for n in names]
     self.alive = list(names)

@@ -20,6 +20,7 @@ from snm_jax import sharding
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train.config import validation
 from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, check_resume_config
+from snm_jax.train.runtime import compile_cache
 from snm_jax.train.runtime.host import itstime, workdir_lock
 from snm_jax.train.runtime.progress import Progress
 from snm_jax.train.core.task import state_fingerprint
@@ -43,9 +44,8 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
   resumed only by a config whose shape- and trajectory-changing fields equal
   its saved config.json (`checkpointing.check_resume_config`).
 
-  `workdir` is local or any URI etils.epath reads (gs://..., `snm_jax/train/runtime/workpath.py`).
-  Returns the results dict, or (results, last train state) if `return_state`.
-  """
+  `workdir`: local or any URI etils.epath reads (gs://..., `snm_jax/train/runtime/workpath.py`).
+  Returns the results dict, or (results, last train state) if `return_state`."""
   t_start = time.time()
   validation.validate(config)  # every field the data is not needed for, before any loading
   workdir = workdir_path(workdir)  # local: absolute; a URI (gs://...): as it is
@@ -77,6 +77,7 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
     evaluate = _selecting_evaluate(config, task.evaluators, progress, best_ckpt)
 
     # ---- loop ------------------------------------------------------------------
+    t_loop, first_step_seconds = time.time(), None
     base_key = jax.random.key(config.seed + 1)
     num_steps = config.train.num_steps
     step = int(jax.device_get(state.step))
@@ -92,7 +93,8 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
       step += 1
       if step == restored_step + 1:
         jax.block_until_ready(metrics_dev)
-        logging.info("first step compiled and run in %.1fs", time.perf_counter() - t_segment)
+        first_step_seconds = time.perf_counter() - t_segment
+        logging.info("first step compiled and run in %.1fs", first_step_seconds)
       if itstime(step, config.train.log_every, num_steps):
         scalars = writer.progress(step, {k: float(v) for k, v in jax.device_get(metrics_dev).items()})
         scalars["nonfinite_steps"] = _check_finite(state, config, ckpt)
@@ -125,6 +127,7 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
         ckpt.save(step, state, {"iterator": batches.get_state(),
                                 "progress": {**progress.to_json(), "train_seconds": train_seconds()}})
     jax.block_until_ready(state)
+    segment_seconds = train_seconds() - progress.train_seconds
     progress.train_seconds = train_seconds()
     ckpt.wait()
 
@@ -140,11 +143,22 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
         "truncation": batches.stats, "final": final, "selected": selected, "history": progress.history,
         "mesh": dict(mesh.shape), "num_processes": jax.process_count(),
         "train_seconds_excludes_eval": True,
+        **_start_up(t_loop - t_start, first_step_seconds, segment_seconds, step - restored_step),
     }
     if config.train.fingerprint:
       results["state_fingerprint"] = state_fingerprint(state)
     writer.write_json("results.json", results)
   return (results, state) if return_state else results
+
+
+def _start_up(startup_seconds, first_step_seconds, segment_seconds, segment_steps) -> dict:
+  """What this process's start cost next to its steady steps (results.json): start-up before the
+  loop (data, state, evaluators), compilation (the first step's wall time: its compile and one
+  step), the steps per second after it, and the persistent compilation cache's hits and misses."""
+  steady = segment_seconds - (first_step_seconds or 0.0)
+  return {"startup_seconds": startup_seconds, "compile_seconds": first_step_seconds,
+          "steady_steps_per_second": (segment_steps - 1) / steady if segment_steps > 1 and steady > 0 else None,
+          "compilation_cache": compile_cache.stats()}
 
 
 def _restore(config, ckpt: Checkpointer, state, batches):

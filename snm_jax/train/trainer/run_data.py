@@ -7,6 +7,7 @@ one by one (`dataset.name="files"`: dense `.npy` / `.npz` embeddings, sparse
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import scipy.sparse as sp
@@ -128,6 +129,28 @@ def _carve_validation(out: RunData, fraction, seed) -> None:
 
 
 def load_run_data(config) -> RunData:
+  """Loads the splits named by `config.dataset` (`_load`), or returns the ones loaded for an equal
+  `config.dataset` in this process (a recipe's candidates, splits and ensembles read the same data
+  many times; the arrays are never modified after loading)."""
+  files = ()
+  if config.dataset.name == "files":  # the files' identity too: a file rewritten in place is re-read
+    files = tuple((f, os.stat(f).st_mtime_ns, os.stat(f).st_size) if f and os.path.exists(f) else (f,)
+                  for f in (config.dataset.files[k] for k in sorted(config.dataset.files.keys())))
+  key = (config.dataset.to_json_best_effort(sort_keys=True), files)
+  if key not in _LOADED:
+    if len(_LOADED) >= _MAX_LOADED:
+      _LOADED.pop(next(iter(_LOADED)))  # the oldest
+    _LOADED[key] = _load(config)
+  return _LOADED[key]
+
+
+# The RunData of the last few `config.dataset`s this process loaded (a dict, not functools.lru_cache:
+# the key is the section's JSON, the ConfigDict itself is not hashable).
+_LOADED: dict = {}
+_MAX_LOADED = 8
+
+
+def _load(config) -> RunData:
   """Loads the splits named by `config.dataset`.
 
   Raises:
