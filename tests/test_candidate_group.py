@@ -99,3 +99,14 @@ def test_a_dropped_member_is_never_evaluated_on_test(tmp_path, mode):
   assert record["step"] == 8 and record["best_step"] == 8
   assert not (tmp_path / "lr_x2" / "results.json").exists()
   assert (tmp_path / "lr_x1" / "results.json").exists()
+
+
+def test_rung_steps_and_survivors_follow_successive_halving():
+  from snm_jax.train.recipes import candidates  # pylint: disable=g-import-not-at-top
+  assert candidates.rung_steps(686, 3, 2) == [76, 229]
+  assert candidates.rung_steps(686, 0, 2) == [] and candidates.rung_steps(10, 3, 4) == [1, 3]
+  values = {"a": 0.5, "b": 0.7, "c": 0.6, "d": 0.1, "e": 0.7, "f": 0.2, "g": 0.3}
+  # ceil(7 / 3) = 3 best, in the candidates' order; ties keep the earlier candidate
+  assert candidates.survivors(values, 3, 1) == ["b", "c", "e"]
+  assert candidates.survivors(values, 3, 4) == ["a", "b", "c", "e"]
+  assert candidates.survivors({"a": 0.1, "b": 0.1}, 3, 1) == ["a"]

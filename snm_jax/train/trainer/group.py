@@ -205,7 +205,8 @@ class CandidateGroup:
                           f"metrics {sorted(k for k, v in val.items() if isinstance(v, float))}")
       floats = {k: v for k, v in val.items() if isinstance(v, float)}
       progress = self.progress[name]
-      progress.history.append({"step": self.step, **{f"val/{k}": v for k, v in floats.items()}})
+      progress.history.append({"step": self.step, "time": time.time(),  # wall clock, for time-to-quality
+                               **{f"val/{k}": v for k, v in floats.items()}})
       if progress.record_selection(self.step, val[self.select_metric]):
         # serial: the state's buffers are donated to the next step, so the best one is a copy
         self.best[name] = state if self.mode == "vmap" else jax.tree.map(jnp.copy, state)
