@@ -60,7 +60,9 @@ def run_recipe(dataset: str, workdir: pathlib.Path, cache: pathlib.Path, extra=(
   if proc.returncode != 0:
     raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
   results = json.loads((workdir / "results.json").read_text())
-  curve = []  # (seconds since start, validation P@1) of every split-0 candidate evaluation
+  # (seconds since start, validation P@1) of every split-0 candidate evaluation; candidate groups'
+  # histories carry their wall time, one-by-one runs' (recipe.group=False) do not: no curve for those
+  curve = []
   for path in glob.glob(str(workdir / "candidates" / "*" / "results.json")):
     for h in json.loads(pathlib.Path(path).read_text()).get("history", []):
       if "time" in h and "val/P@1" in h:
@@ -138,9 +140,13 @@ def render(payload: dict) -> str:
         continue
       ratio = f"{r['wall_seconds'] / pecos_fit:.0f}x" if pecos_fit else ""
       reach = r.get("seconds_to_pecos_validation_p1")
+      if reach is None and r.get("curve") and "P@1" in d.get("pecos_validation", {}):
+        best = max((v for _, v in r["curve"]), default=float("nan"))
+        reach = f"not reached (best {100 * best:.2f} < {100 * d['pecos_validation']['P@1']:.2f})"
+      elif reach is not None:
+        reach = f"{reach:.0f}"
       lines.append(f"| {d['dataset']} | {name} | {r['wall_seconds']:.1f} | {ratio} | "
-                   + " | ".join(f"{100 * r['test'][m]:.2f}" for m in METRICS)
-                   + f" | {'' if reach is None else f'{reach:.0f}'} |")
+                   + " | ".join(f"{100 * r['test'][m]:.2f}" for m in METRICS) + f" | {reach or ''} |")
   return "\n".join(lines) + "\n"
 
 

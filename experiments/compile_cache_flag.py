@@ -1,4 +1,5 @@
-"""The `--compilation_cache` flag of the experiment apps (train, demo, ablate): JAX's persistent
+"""The `--compilation_cache` flag of experiments.train and experiments.demo (ablate has its own,
+WORKDIR/jax_cache by default, through the same module): JAX's persistent
 compilation cache (snm_jax/train/runtime/compile_cache.py), on by default."""
 
 from absl import flags

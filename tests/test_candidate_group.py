@@ -104,9 +104,41 @@ def test_a_dropped_member_is_never_evaluated_on_test(tmp_path, mode):
 def test_rung_steps_and_survivors_follow_successive_halving():
   from snm_jax.train.recipes import candidates  # pylint: disable=g-import-not-at-top
   assert candidates.rung_steps(686, 3, 2) == [76, 229]
+  assert candidates.rung_steps(686, 3, 2, eval_every=34) == [68, 238]  # at evaluations
   assert candidates.rung_steps(686, 0, 2) == [] and candidates.rung_steps(10, 3, 4) == [1, 3]
+  assert candidates.keep_count(7, 3, 1) == 3 and candidates.keep_count(7, 3, 4) == 4
+  assert candidates.keep_count(2, 3, 3) == 2
   values = {"a": 0.5, "b": 0.7, "c": 0.6, "d": 0.1, "e": 0.7, "f": 0.2, "g": 0.3}
-  # ceil(7 / 3) = 3 best, in the candidates' order; ties keep the earlier candidate
-  assert candidates.survivors(values, 3, 1) == ["b", "c", "e"]
-  assert candidates.survivors(values, 3, 4) == ["a", "b", "c", "e"]
-  assert candidates.survivors({"a": 0.1, "b": 0.1}, 3, 1) == ["a"]
+  # the best 3, in the candidates' order; ties keep the earlier candidate
+  assert candidates.survivors(values, 3) == ["b", "c", "e"]
+  assert candidates.survivors(values, 4) == ["a", "b", "c", "e"]
+  assert candidates.survivors({"a": 0.1, "b": 0.1}, 1) == ["a"]
+
+
+def test_an_interrupted_recipe_halves_as_an_uninterrupted_one(tmp_path):
+  """Nine candidates, eta = 3, two rungs, one kept: the rerun of a recipe interrupted after its
+  first rung (the candidates stopped at the second rung and the finished one retrained) stops the
+  same candidates at the same rungs and chooses the same one."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from run_configs import tiny_synthetic_recipe  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
+  c = tiny_synthetic_recipe(**{"recipe.search": "table.learning_rate*=0.125,0.25,0.5,1,2,4,8,16,32",
+                               "model.kind": "linear", "recipe.ensemble": 1, "recipe.halving": 3,
+                               "recipe.rungs": 2})
+  first = recipe.run(c, tmp_path / "a")
+  stopped = {e["name"]: e["rung_step"] for e in first["recipe"]["eliminated"]}
+  rungs = sorted(set(stopped.values()))
+  assert len(rungs) == 2 and len(stopped) == 8, stopped
+  shutil.copytree(tmp_path / "a", tmp_path / "b")
+  cands = tmp_path / "b" / "candidates"
+  for name, rung in stopped.items():  # the second rung's decisions were not made yet
+    if rung == rungs[1]:
+      (cands / name / "eliminated.json").unlink()
+  chosen = first["recipe"]["chosen"]
+  (cands / chosen / "results.json").unlink()  # nor had the survivor finished
+  shutil.rmtree(cands / chosen / "best")
+  again = recipe.run(c, tmp_path / "b")
+  assert {e["name"]: e["rung_step"] for e in again["recipe"]["eliminated"]} == stopped
+  assert again["recipe"]["chosen"] == chosen
+  timeless = lambda m: {k: v for k, v in m.items() if k != "eval_seconds"}  # noqa: E731
+  assert timeless(again["final"]) == timeless(first["final"])

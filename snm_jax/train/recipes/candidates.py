@@ -25,26 +25,34 @@ from absl import logging
 
 from snm_jax.errors import NonFiniteLossError
 from snm_jax.train.recipes import reuse
+from snm_jax.train.trainer import checkpointing
 from snm_jax.train.runtime.host import is_writer
 from snm_jax.train.runtime.workpath import write_text
 from snm_jax.train.trainer import group as group_lib
 from snm_jax.train.trainer import loop
 
 
-def rung_steps(num_steps: int, eta: int, rungs: int) -> list[int]:
+def rung_steps(num_steps: int, eta: int, rungs: int, eval_every: int = 1) -> list[int]:
   """The steps at which successive halving ranks the candidates: num_steps / eta^j for
-  j = rungs .. 1, rounded, ascending, each >= 1 and < num_steps (none when eta <= 1)."""
+  j = rungs .. 1, each rounded to a multiple of `eval_every` (a rung ranks what the evaluation
+  at it measured, not an older one), ascending, distinct, >= eval_every and < num_steps (none when
+  eta <= 1)."""
   if eta <= 1:
     return []
-  steps = {max(int(round(num_steps / eta ** j)), 1) for j in range(rungs, 0, -1)}
+  every = max(eval_every, 1)
+  steps = {max(int(round(num_steps / eta ** j / every)), 1) * every for j in range(rungs, 0, -1)}
   return sorted(s for s in steps if s < num_steps)
 
 
-def survivors(values: dict[str, float], eta: int, keep_at_least: int) -> list[str]:
-  """The candidates that go on past a rung: the best ceil(n / eta) by `values` (higher is better;
-  ties: the earlier candidate), at least `keep_at_least`, in the order of `values`."""
+def keep_count(num_candidates: int, eta: int, keep_at_least: int) -> int:
+  """How many of `num_candidates` go on past a rung: ceil(n / eta), at least `keep_at_least`."""
+  return min(num_candidates, max(math.ceil(num_candidates / eta), keep_at_least))
+
+
+def survivors(values: dict[str, float], keep: int) -> list[str]:
+  """The best `keep` candidates by `values` (higher is better; ties: the earlier candidate), in
+  the order of `values`."""
   names = list(values)
-  keep = min(len(names), max(math.ceil(len(names) / eta), keep_at_least))
   order = sorted(range(len(names)), key=lambda i: (-values[names[i]], i))[:keep]
   return [names[i] for i in sorted(order)]
 
@@ -55,6 +63,9 @@ def finished(config, workdir) -> dict | None:
   for marker, key in (("diverged.json", None), ("eliminated.json", "eliminated")):
     path = workdir / marker
     if path.exists():
+      if (workdir / "config.json").exists():  # a marker of other settings is not reused
+        checkpointing.check_finished_config(json.loads((workdir / "config.json").read_text()),
+                                            json.loads(config.to_json_best_effort()), workdir)
       record = json.loads(path.read_text())
       logging.info("[candidate %s] %s earlier (%s)", workdir.name, marker.split(".")[0], path)
       return record if key is None else {key: record}
@@ -107,31 +118,49 @@ def train(recipe_config, members, mesh) -> dict:
   eta = int(recipe_config.recipe.get("halving", 0))
   ensemble = int(recipe_config.recipe.get("ensemble", 1))
   keep_at_least = max(ensemble, 1) if ensemble > 0 else len(members)
-  num_steps = max(g.num_steps for _, g in built)
-  for rung in rung_steps(num_steps, eta, int(recipe_config.recipe.get("rungs", 1))):
+  candidates = list(dict.fromkeys(m[0] for m in members))
+  _, longest = max(((g.num_steps, g) for _, g in built), key=lambda x: x[0])
+  for rung in rung_steps(longest.num_steps, eta, int(recipe_config.recipe.get("rungs", 1)), longest.eval_every):
     for _, g in built:
       g.advance(rung)
-    values = {}
-    for group_members, g in built:
-      for n, s, _, _ in group_members:
-        if f"{n}@{s}" in g.alive:
-          values.setdefault(n, []).append(g.best_value(f"{n}@{s}"))
-    # a candidate with a member that stopped (diverged, out of patience) is not ranked here
-    splits_of = {n: sum(1 for m in members if m[0] == n and (m[0], m[1]) not in out) for n in values}
-    ranked = {n: float(np.mean(v)) for n, v in values.items()
-              if len(v) == splits_of[n] and all(x is not None for x in v)}
-    keep = set(survivors(ranked, eta, keep_at_least))
-    dropped = [n for n in ranked if n not in keep]
+    records = {**out, **{(n, s): g.records[f"{n}@{s}"] for ms, g in built for n, s, _, _ in ms
+                         if f"{n}@{s}" in g.records}}
+    _stop_diverged_siblings(built, records)
+    values, done_elsewhere = {}, 0
+    for name in candidates:
+      mine = [(s, g) for ms, g in built for n, s, _, _ in ms if n == name and f"{n}@{s}" in g.alive]
+      if mine and all(g.best_value(f"{name}@{s}") is not None for s, g in mine) and not any(
+          (name, s) in records for ms, _ in built for n, s, _, _ in ms if n == name):
+        values[name] = float(np.mean([g.best_value(f"{name}@{s}") for s, g in mine]))
+      elif any("diverged" not in r and r.get("eliminated", {}).get("rung_step", rung + 1) > rung
+               for (n, _), r in records.items() if n == name):
+        done_elsewhere += 1  # passed this rung in an earlier attempt (finished, or stopped later)
+    # An earlier, interrupted attempt already ranked this rung: the candidates it let through count
+    # among the kept, those it stopped here among the ranked, so a rerun keeps the same ones.
+    stopped_here = {n for (n, _), r in records.items()
+                    if r.get("eliminated", {}).get("rung_step") == rung}
+    keep = keep_count(len(values) + done_elsewhere + len(stopped_here), eta, keep_at_least) - done_elsewhere
+    keep_names = set(survivors(values, max(keep, 0)))
+    dropped = [n for n in values if n not in keep_names]
     if dropped:
       logging.info("[candidates] successive halving at step %d: %d of %d go on (%s); stopped: %s",
-                   rung, len(keep), len(ranked), sorted(keep), dropped)
+                   rung, len(keep_names), len(values), sorted(keep_names), dropped)
     for n in dropped:
-      reason = {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep),
-                "candidates_ranked": len(ranked), "candidate_value": ranked[n]}
+      reason = {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep_names),
+                "candidates_ranked": len(values), "candidate_value": values[n]}
       for group_members, g in built:
         g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
   for group_members, g in built:
     g.finish()
-    for n, s, config, workdir in group_members:
-      out[(n, s)] = finished(config, workdir)
+    for n, s, _, _ in group_members:
+      out[(n, s)] = g.records[f"{n}@{s}"]
   return out
+
+
+def _stop_diverged_siblings(built, records) -> None:
+  """A candidate with a diverged split is left out of the choice: its other splits stop now."""
+  bad = {n for (n, _), r in records.items() if "diverged" in r}
+  for group_members, g in built:
+    names = [f"{n}@{s}" for n, s, _, _ in group_members if n in bad and f"{n}@{s}" in g.alive]
+    if names:
+      g.drop(names, {"rule": "another validation split of this candidate diverged"})

@@ -33,9 +33,11 @@ from absl import logging
 from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 from snm_jax.errors import ConfigError
 from snm_jax.train.core.task import state_fingerprint
+from snm_jax.train.runtime import compile_cache
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
 from snm_jax.train.runtime.progress import Progress
 from snm_jax.train.runtime.workpath import workdir_path, write_text
+from snm_jax.train.trainer import loop
 from snm_jax.train.trainer.checkpointing import Checkpointer
 from snm_jax.train.trainer.tasks import build_task
 
@@ -119,6 +121,9 @@ class CandidateGroup:
     self.alive = list(self.names)
     self.step = 0
     self.seconds = {"build": time.perf_counter() - t0, "compile": 0.0, "train": 0.0, "evaluate": 0.0}
+    self.member_seconds = {n: 0.0 for n in self.names}  # each member's share of the training time
+    self.records = {}  # name -> what the member left: results.json, {"diverged"} or {"eliminated"}
+    self.t_start = t0
     self._key = {n: jax.random.key(self.configs[n].seed + 1) for n in self.names}
     self._lr = {n: np.float32(self.configs[n].table.learning_rate) for n in self.names}
 
@@ -170,6 +175,7 @@ class CandidateGroup:
     validation every train.eval_every steps; a member out of `train.patience` or diverged stops."""
     until = min(until, self.num_steps)
     t_start, evaluate_before = time.perf_counter(), self.seconds["evaluate"]
+    alive_at_start = list(self.alive)
     while self.alive and self.step < until:
       if not self._compiled:  # the first step after a (re)stack: its compilation, timed apart
         t0 = time.perf_counter()
@@ -185,8 +191,12 @@ class CandidateGroup:
         self._evaluate()
     if self.alive:
       self._block()
-    # steps dispatch asynchronously: the training time is the span less the evaluations in it
-    self.seconds["train"] += time.perf_counter() - t_start - (self.seconds["evaluate"] - evaluate_before)
+    # steps dispatch asynchronously: the training time is the span less the evaluations in it,
+    # shared equally by the members that trained in it
+    span = time.perf_counter() - t_start - (self.seconds["evaluate"] - evaluate_before)
+    self.seconds["train"] += span
+    for name in alive_at_start:
+      self.member_seconds[name] += span / len(alive_at_start)
 
   def _evaluate(self) -> None:
     self._block()  # (the steps' time, counted as training by `advance`)
@@ -194,20 +204,18 @@ class CandidateGroup:
     stopped = []
     for name in list(self.alive):
       config, state = self.configs[name], self._member_state(name)
-      bad = int(to_host(state.nonfinite_steps))
-      if bad and (config.train.on_nonfinite == "stop" or bad > config.train.get("max_skipped_steps", 10)):
-        self._diverged(name, bad)
+      _, why = loop.nonfinite_verdict(state, config)
+      if why is not None:
+        self._diverged(name, f"{why} in candidate group member {name}")
         stopped.append(name)
         continue
       val = self.tasks[name].evaluators["validation"](state)
-      if self.select_metric not in val:
-        raise ConfigError("eval.select_metric", f"{self.select_metric!r} is not one of the evaluated "
-                          f"metrics {sorted(k for k, v in val.items() if isinstance(v, float))}")
-      floats = {k: v for k, v in val.items() if isinstance(v, float)}
+      value = loop.selection_value(config, val)
       progress = self.progress[name]
       progress.history.append({"step": self.step, "time": time.time(),  # wall clock, for time-to-quality
-                               **{f"val/{k}": v for k, v in floats.items()}})
-      if progress.record_selection(self.step, val[self.select_metric]):
+                               "train_seconds": self.member_seconds[name],
+                               **{f"val/{k}": v for k, v in val.items() if isinstance(v, float)}})
+      if progress.record_selection(self.step, value):
         # serial: the state's buffers are donated to the next step, so the best one is a copy
         self.best[name] = state if self.mode == "vmap" else jax.tree.map(jnp.copy, state)
       if progress.out_of_patience(config.train.patience):
@@ -239,22 +247,29 @@ class CandidateGroup:
 
   def drop(self, names, reason: dict) -> None:
     """Stops the named members (successive halving): each leaves `eliminated.json` with `reason`
-    and its validation record, and is not evaluated on test."""
+    and its validation record (and config.json), and is not evaluated on test."""
     for name in names:
       record = {**reason, "step": self.step, "best_value": self.best_value(name),
                 "best_step": self.progress[name].best_step, "select_metric": self.select_metric}
-      if is_writer():
-        write_text(self.workdirs[name] / "eliminated.json", json.dumps(record, indent=2, sort_keys=True))
-      self.best.pop(name, None)
+      self._leave(name, "eliminated.json", record, {"eliminated": record})
     self._keep([n for n in self.alive if n not in names])
 
-  def _diverged(self, name, bad: int) -> None:
-    first = int(to_host(self._member_state(name).first_nonfinite_step))
-    out = {"diverged": f"non-finite loss or gradient at step {first} of {self.num_steps} "
-                       f"({bad} non-finite steps) in candidate group member {name}"}
-    logging.warning("[candidate %s] diverged, left out: %s", name, out["diverged"])
+  def _diverged(self, name, message: str) -> None:
+    logging.warning("[candidate %s] diverged, left out: %s", name, message)
+    self._leave(name, "diverged.json", {"diverged": message}, {"diverged": message})
+
+  def _leave(self, name, marker: str, content: dict, record: dict) -> None:
+    """A member stopped without a result: `marker` and config.json in its workdir (the config is
+    compared on a rerun, `recipes.candidates.finished`), its record in `records`."""
+    self.best.pop(name, None)
+    self.records[name] = record
     if is_writer():
-      write_text(self.workdirs[name] / "diverged.json", json.dumps(out))
+      self._write_config(name)
+      write_text(self.workdirs[name] / marker, json.dumps(content, indent=2, sort_keys=True))
+
+  def _write_config(self, name) -> None:
+    write_text(self.workdirs[name] / "config.json",
+               json.dumps(json.loads(self.configs[name].to_json_best_effort()), indent=2))
 
   def finish(self) -> None:
     """Trains the members still alive to train.num_steps and finishes each (`_finish_member`)."""
@@ -268,18 +283,21 @@ class CandidateGroup:
     `<workdir>/best`, config.json and results.json, as `train_and_evaluate` leaves them."""
     config, workdir, task = self.configs[name], self.workdirs[name], self.tasks[name]
     progress, last_state = self.progress[name], self._member_state(name)
+    if name not in self.best:  # no finite validation value was ever recorded
+      self._diverged(name, f"no validation {self.select_metric} to select on (NaN) in member {name}")
+      return
     t0 = time.perf_counter()
     best = self.best.pop(name)
     final = task.evaluators["test"](best)
     last = final if progress.best_step == self.step else task.evaluators["test"](last_state)
     best_ckpt = Checkpointer(workdir / "best", keep=1)
     try:
+      best_ckpt.delete_after(-1)  # a selection left by an interrupted earlier attempt
       best_ckpt.save(progress.best_step, best, {"metric": self.select_metric, "value": progress.best_value})
     finally:
       best_ckpt.close()
     self.seconds["evaluate"] += time.perf_counter() - t0
-    members = len(self.names)
-    train_seconds = self.seconds["train"] / members  # the member's share of the group's steps
+    train_seconds = self.member_seconds[name]
     results = {
         **task.info, "steps": self.step, "train_seconds": train_seconds,
         "seconds_per_step": train_seconds / max(self.step, 1),
@@ -291,10 +309,17 @@ class CandidateGroup:
                      "stopped_early": progress.stopped_early},
         "history": progress.history, "mesh": dict(self.mesh.shape),
         "num_processes": jax.process_count(), "train_seconds_excludes_eval": True,
-        "group": {"members": self.names, "seconds": dict(self.seconds)},
+        "wall_seconds": time.perf_counter() - self.t_start,
+        # the group's: its build (data, states, evaluators), its compilations, and its steps per
+        # second after them (each step advances every member alive)
+        "startup_seconds": self.seconds["build"], "compile_seconds": self.seconds["compile"],
+        "steady_steps_per_second": self.step / self.seconds["train"] if self.seconds["train"] > 0 else None,
+        "compilation_cache": compile_cache.stats(),
+        "group": {"members": self.names, "mode": self.mode, "seconds": dict(self.seconds)},
     }
     if config.train.fingerprint:
       results["state_fingerprint"] = state_fingerprint(last_state)
+    self.records[name] = results
     if is_writer():
-      write_text(workdir / "config.json", json.dumps(json.loads(config.to_json_best_effort()), indent=2))
+      self._write_config(name)
       write_text(workdir / "results.json", json.dumps(results, indent=2, sort_keys=True))

@@ -188,35 +188,48 @@ def _selecting_evaluate(config, evaluators: dict, progress: Progress, best_ckpt)
     out = evaluators["test"](state)
     if "validation" in evaluators:
       val = evaluators["validation"](state)
-      if select_metric not in val:
-        raise ConfigError("eval.select_metric", f"{select_metric!r} is not one of the evaluated "
-                          f"metrics {sorted(k for k, v in val.items() if isinstance(v, float))}")
+      value = selection_value(config, val)
       out.update({f"val/{k}": v for k, v in val.items()})
-      if progress.record_selection(step, val[select_metric]):
-        best_ckpt.save(step, state, {"metric": select_metric, "value": val[select_metric]})
+      if progress.record_selection(step, value):
+        best_ckpt.save(step, state, {"metric": select_metric, "value": value})
     return out
 
   return evaluate
 
 
-def _check_finite(state, config, ckpt: Checkpointer) -> int:
-  """The number of non-finite steps so far; raises NonFiniteLossError under
-  train.on_nonfinite="stop", or under "skip" once more than train.max_skipped_steps
-  were skipped (after the in-flight save, of a finite state, is committed)."""
+def selection_value(config, val: dict) -> float:
+  """`eval.select_metric` of validation metrics `val` (ConfigError when it is not one of them)."""
+  select_metric = config.eval.select_metric
+  if select_metric not in val:
+    raise ConfigError("eval.select_metric", f"{select_metric!r} is not one of the evaluated "
+                      f"metrics {sorted(k for k, v in val.items() if isinstance(v, float))}")
+  return val[select_metric]
+
+
+def nonfinite_verdict(state, config) -> tuple[int, str | None]:
+  """(non-finite steps so far, why the run must stop or None): it stops under
+  train.on_nonfinite="stop", or under "skip" once more than train.max_skipped_steps were skipped."""
   bad = int(jax.device_get(state.nonfinite_steps))
   max_skipped = config.train.get("max_skipped_steps", 10)
   stop = config.train.on_nonfinite == "stop"
-  if bad and (stop or bad > max_skipped):
-    first = int(jax.device_get(state.first_nonfinite_step))
+  if not bad or not (stop or bad > max_skipped):
+    return bad, None
+  first = int(jax.device_get(state.first_nonfinite_step))
+  why = ("train.on_nonfinite='stop'" if stop else
+         f"{bad} steps skipped so far, more than train.max_skipped_steps={max_skipped}")
+  return bad, f"non-finite loss or gradient at step {first} of {config.train.num_steps} ({why})"
+
+
+def _check_finite(state, config, ckpt: Checkpointer) -> int:
+  """The number of non-finite steps so far; raises NonFiniteLossError when `nonfinite_verdict`
+  says stop (after the in-flight save, of a finite state, is committed)."""
+  bad, why = nonfinite_verdict(state, config)
+  if why is not None:
     ckpt.wait()
     latest = ckpt.latest_step()
     kept = (f"the last good checkpoint (step {latest}) in {ckpt.directory} is kept"
             if latest is not None else f"no checkpoint was saved yet in {ckpt.directory}")
-    why = ("train.on_nonfinite='stop'" if stop else
-           f"{bad} steps skipped so far, more than train.max_skipped_steps={max_skipped}")
-    raise NonFiniteLossError(
-        f"non-finite loss or gradient at step {first} of {config.train.num_steps} ({why}); {kept}; "
-        "the run stops without saving")
+    raise NonFiniteLossError(f"{why}; {kept}; the run stops without saving")
   return bad
 
 
