@@ -32,3 +32,13 @@ def test_install_is_idempotent():
     assert sum(isinstance(f, quiet_logs._DropLibraryInfo) for f in handler.filters) == 1  # pylint: disable=protected-access
   finally:
     root.removeHandler(handler)
+
+
+def test_a_repeated_line_prints_once_and_errors_always():
+  f = quiet_logs._DropLibraryInfo()  # pylint: disable=protected-access
+  line = "data: bibtex, 4392 train / 488 validation / 2515 test points, d=1836, K=159"
+  assert f.filter(_record("absl", logging.INFO, line))
+  assert not f.filter(_record("absl", logging.INFO, line))
+  assert f.filter(_record("absl", logging.WARNING, line))  # another level is another line
+  assert f.filter(_record("absl", logging.INFO, "step 5/20"))
+  assert f.filter(_record("absl", logging.ERROR, "boom")) and f.filter(_record("absl", logging.ERROR, "boom"))

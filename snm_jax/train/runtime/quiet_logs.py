@@ -7,7 +7,10 @@ Dropped from the console (absl and root handlers):
   * JAX's backend probes that fail harmlessly on a machine without that
     hardware, e.g. "Unable to initialize backend 'tpu': ... Failed to open
     libtpu.so" (logged once per process while JAX looks for plugins). A backend
-    the user asked for (JAX_PLATFORMS) that fails still raises an error.
+    the user asked for (JAX_PLATFORMS) that fails still raises an error;
+  * a line identical (level and text) to one this process already printed: a
+    recipe's candidate group builds one task per member, each logging the same
+    data summary and the same truncation warning. Errors always print.
 """
 
 import logging as py_logging
@@ -23,11 +26,23 @@ HARMLESS_PROBES = (
 class _DropLibraryInfo(py_logging.Filter):
   _NOISY = ("orbax", "ocdbt", "tensorstore", "etils")
 
+  def __init__(self):
+    super().__init__()
+    self._printed = set()  # (level, text) of the lines already printed
+
   def filter(self, record):
     if any(record.name.startswith(logger) and str(record.msg).startswith(prefix)
            for logger, prefix in HARMLESS_PROBES):
       return False
-    return record.levelno >= py_logging.WARNING or not any(n in record.pathname for n in self._NOISY)
+    if record.levelno < py_logging.WARNING and any(n in record.pathname for n in self._NOISY):
+      return False
+    if record.levelno >= py_logging.ERROR:
+      return True
+    key = (record.levelno, record.getMessage())
+    if key in self._printed:
+      return False
+    self._printed.add(key)
+    return True
 
 
 def install() -> None:
