@@ -196,32 +196,21 @@ def test_make_global_batch_shards_over_the_data_axis():
   assert pipeline.process_data_slice(mesh, "data") == (0, 1)
 
 
-def test_prefetch_to_device_yields_the_same_batches_and_tracks_state():
+def test_grain_threads_and_workers_yield_the_same_batches_and_track_state():
   feats, labels = _toy()
-  mesh = jax.make_mesh((8,), ("data",))
   ref = _batcher(feats, labels)
-  src = _batcher(feats, labels)
-  with pipeline.prefetch_to_device(src, size=2, mesh=mesh) as pf:
-    assert pf.get_state() == ref.get_state()
+  for kw in (dict(read_threads=2, prefetch=3), dict(read_threads=1, workers=2)):
+    src = _batcher(feats, labels, **kw)
     for _ in range(7):
-      want = next(ref)
-      got = next(pf)
-      assert isinstance(got["feat_ids"], jax.Array)
-      np.testing.assert_array_equal(np.asarray(got["feat_vals"]), want["feat_vals"])
-      # State reflects the batches handed out, not the ones prefetched ahead.
-      assert pf.get_state() == ref.get_state()
-  # Finite iterator ends cleanly; errors in the producer reach the consumer.
-  assert len(list(pipeline.prefetch_to_device(
-      _batcher(feats, labels, num_epochs=1), size=3))) == src.steps_per_epoch(0)
-
-  def bad():
-    yield {"x": np.zeros(8)}
-    raise RuntimeError("reader failed")
-
-  pf = pipeline.prefetch_to_device(bad(), mesh=mesh)
-  next(pf)
-  with pytest.raises(RuntimeError, match="reader failed"):
-    next(pf)
+      want, got = next(ref), next(src)
+      for key in pipeline.BATCH_KEYS:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+      # The state counts the batches handed out, not the ones built ahead.
+      assert src.get_state() == ref.get_state()
+    src.close()
+    ref = _batcher(feats, labels)
+  # A finite iterator ends cleanly.
+  assert len(list(_batcher(feats, labels, num_epochs=1, read_threads=2))) == ref.steps_per_epoch(0)
 
 
 def test_bad_arguments():
@@ -257,13 +246,12 @@ for shape, axes in (((8,), ("data",)), ((4, 2), ("data", "model"))):
                                 process_count=count, **kw)
   ref = pipeline.SparseBatcher(feats, labels, "sample_one_positive", process_index=0,
                                process_count=1, **kw)
-  with pipeline.prefetch_to_device(mine, size=2, mesh=mesh) as pf:
-    for step in range(6):  # crosses an epoch boundary (4 batches per epoch)
-      want, got = next(ref), next(pf)
-      for key, arr in got.items():
-        assert arr.shape == want[key].shape, (key, arr.shape)
-        for shard in arr.addressable_shards:
-          np.testing.assert_array_equal(np.asarray(shard.data), want[key][shard.index[0]])
+  for step in range(6):  # crosses an epoch boundary (4 batches per epoch)
+    want, got = next(ref), pipeline.make_global_batch(next(mine), mesh)
+    for key, arr in got.items():
+      assert arr.shape == want[key].shape, (key, arr.shape)
+      for shard in arr.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), want[key][shard.index[0]])
 print("OK", pid)
 '''
 

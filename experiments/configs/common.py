@@ -30,6 +30,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.validation_fraction = 0.0
   # Seed of the held-out rows' permutation (independent of `seed`: every run sees the same validation set).
   c.dataset.validation_seed = 0
+  # Where the rows come from: memory (the files above, loaded whole) | sharded (ArrayRecord shards written by
+  # `python -m experiments.convert`, read by index while training: host memory does not grow with the data).
+  c.dataset.format = "memory"
+  c.dataset.shards = ""           # dataset.format=sharded: the converted dataset's directory (local or gs://...).
+  c.dataset.read_threads = 1      # Threads building batches ahead of the step (Grain ReadOptions); 0 = in the loop.
+  c.dataset.prefetch = 2          # Batches those threads keep ready.
+  c.dataset.workers = 0           # Grain worker processes decoding batches (mp_prefetch); 0 = none.
   c.dataset.synthetic = ml_collections.ConfigDict()
   c.dataset.synthetic.num_labels = 4096      # K of the generator.
   c.dataset.synthetic.num_train = 20000      # Training points drawn.

@@ -26,13 +26,10 @@ from snm_jax.data.download import mulan_to_xc
 from snm_jax.data.download import read_mulan_arff
 from snm_jax.data.download import register_dataset
 from snm_jax.data.pipeline import DenseBatcher
-from snm_jax.data.pipeline import DevicePrefetcher
 from snm_jax.data.pipeline import SparseBatcher
 from snm_jax.data.pipeline import choose_max_nnz
 from snm_jax.data.pipeline import make_global_batch
-from snm_jax.data.pipeline import prefetch_to_device
 from snm_jax.data.pipeline import process_data_slice
-from snm_jax.data.pipeline import truncate_rows
 from snm_jax.data.preprocess import PCA
 from snm_jax.data.preprocess import apply_pca
 from snm_jax.data.preprocess import apply_tfidf

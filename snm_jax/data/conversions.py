@@ -20,18 +20,75 @@ def _row_lengths(labels: sp.csr_matrix) -> np.ndarray:
   return np.diff(sp.csr_matrix(labels).indptr)
 
 
-def sample_one_positive(labels: sp.csr_matrix, seed: int, epoch: int) -> Examples:
-  """SNM paper: one positive drawn uniformly from each point's label set.
+# The conversions that pick one positive per point from its own label set: what a batch needs is
+# the point's label set and id, so they run per batch on any input path (`snm_jax.data.pipeline`),
+# with nothing precomputed over the whole training set.
+PER_ROW = ("sample_one_positive", "first_label", "smallest_label_drop_empty")
+_SAMPLE_SALT = 0x5A4D
 
-  Re-drawn every epoch; deterministic given (seed, epoch). M = number of
-  points with at least one label, in row order.
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+  """SplitMix64's finaliser (Steele et al. 2014), uint64 -> uint64.
+
+  Hand-written: the draw of example i must be computable from (seed, epoch, i) alone, in any
+  batch and on any process; numpy's generators are sequential streams, and jax.random would put
+  the input pipeline on the accelerator."""
+  x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
+
+
+def uniform_per_example(seed: int, epoch: int, example_id: np.ndarray) -> np.ndarray:
+  """float64 (n,) in [0, 1): a uniform draw per example id, a pure function of (seed, epoch, id)."""
+  with np.errstate(over="ignore"):
+    key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(_SAMPLE_SALT))
+    key = _splitmix64(key ^ np.uint64(epoch & 0xFFFFFFFFFFFFFFFF))
+    bits = _splitmix64(key ^ np.asarray(example_id, np.int64).astype(np.uint64))
+  return (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def choose_positive(name: str, starts: np.ndarray, lens: np.ndarray, label_ids: np.ndarray,
+                    example_id: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+  """The positive of each point under per-row conversion `name` (one of PER_ROW), int32 (n,).
+
+  Point i's label set is label_ids[starts[i]:starts[i] + lens[i]] (file order, lens >= 1):
+    sample_one_positive        the entry at floor(u * lens[i]), u = `uniform_per_example`
+                               (SNM paper: one positive drawn uniformly, re-drawn every epoch);
+    first_label                the first entry (Bamler & Mandt);
+    smallest_label_drop_empty  the smallest id (Bamler & Mandt's EURLex appendix).
   """
+  starts, lens = np.asarray(starts, np.int64), np.asarray(lens, np.int64)
+  if name == "sample_one_positive":
+    offset = np.floor(uniform_per_example(seed, epoch, example_id) * lens).astype(np.int64)
+    return label_ids[starts + offset].astype(np.int32)
+  if name == "first_label":
+    return label_ids[starts].astype(np.int32)
+  if name == "smallest_label_drop_empty":
+    if not lens.size:
+      return np.zeros(0, np.int32)
+    flat = label_ids[np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+                     + np.arange(int(lens.sum()))]
+    return np.minimum.reduceat(flat, np.concatenate([[0], np.cumsum(lens)[:-1]])).astype(np.int32)
+  raise ValueError(f"{name!r} is not a per-row conversion; those are {PER_ROW}")
+
+
+def _per_row(name: str, labels: sp.csr_matrix, seed: int = 0, epoch: int = 0) -> Examples:
+  """`choose_positive` over every point with a label, in row order."""
   labels = sp.csr_matrix(labels)
   lens = _row_lengths(labels)
   rows = np.flatnonzero(lens > 0)
-  rng = np.random.default_rng([seed, epoch, 0x5A4D])
-  offset = np.floor(rng.random(rows.size) * lens[rows]).astype(np.int64)
-  return rows.astype(np.int32), labels.indices[labels.indptr[rows] + offset].astype(np.int32)
+  return rows.astype(np.int32), choose_positive(name, labels.indptr[rows], lens[rows],
+                                                labels.indices, rows, seed, epoch)
+
+
+def sample_one_positive(labels: sp.csr_matrix, seed: int, epoch: int) -> Examples:
+  """SNM paper: one positive drawn uniformly from each point's label set.
+
+  Re-drawn every epoch; deterministic given (seed, epoch) and the point's row, whatever else is
+  drawn (`choose_positive`). M = number of points with at least one label, in row order.
+  """
+  return _per_row("sample_one_positive", labels, seed, epoch)
 
 
 def expand_all_positives(labels: sp.csr_matrix) -> Examples:
@@ -46,9 +103,7 @@ def expand_all_positives(labels: sp.csr_matrix) -> Examples:
 
 def first_label(labels: sp.csr_matrix) -> Examples:
   """Bamler & Mandt: keep only the first label of each point (as stored/in the file)."""
-  labels = sp.csr_matrix(labels)
-  rows = np.flatnonzero(_row_lengths(labels) > 0)
-  return rows.astype(np.int32), labels.indices[labels.indptr[rows]].astype(np.int32)
+  return _per_row("first_label", labels)
 
 
 def smallest_label_drop_empty(labels: sp.csr_matrix) -> Examples:
@@ -57,12 +112,7 @@ def smallest_label_drop_empty(labels: sp.csr_matrix) -> Examples:
   Equals `first_label` when every label list is sorted ascending (true for
   the bundled bibtex/delicious files).
   """
-  labels = sp.csr_matrix(labels)
-  lens = _row_lengths(labels)
-  rows = np.flatnonzero(lens > 0)
-  mins = np.minimum.reduceat(labels.indices, labels.indptr[rows]) if rows.size else \
-      np.zeros(0, labels.indices.dtype)
-  return rows.astype(np.int32), mins.astype(np.int32)
+  return _per_row("smallest_label_drop_empty", labels)
 
 
 CONVERSIONS = {

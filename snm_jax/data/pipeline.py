@@ -1,80 +1,171 @@
-"""Input pipeline: fixed-shape batches (padded sparse rows, or dense rows), per-process
-slices, device prefetch.
+"""Input pipeline: fixed-shape batches (padded sparse rows, or dense rows) of this process's
+slice of each global batch, built by Grain from rows in memory or in ArrayRecord shards.
 
-Each global batch b of epoch e is the slice [b*G, (b+1)*G) of a permutation of
-the epoch's examples, drawn from `default_rng([seed, epoch])`; process p of P
-builds only rows [p*G/P, (p+1)*G/P) of it, so the concatenation over processes
-does not depend on P. `make_global_batch` turns the per-process slices into
-one `jax.Array` sharded over the mesh's data axis.
+Each global batch b of epoch e is the slice [b*G, (b+1)*G) of Grain's index shuffle of the
+epoch's examples; process p of P builds only rows [p*G/P, (p+1)*G/P) of it, so the concatenation
+over processes does not depend on P, nor on where the rows are read from (`InMemoryRows`,
+`ShardedRows`). `make_global_batch` turns the per-process slices into one `jax.Array` sharded
+over the mesh's data axis.
 """
 from __future__ import annotations
 
 import functools
-import math
-import queue
-import threading
-from typing import Callable, Iterator
+from typing import Iterator
 
+import grain
 import jax
 import numpy as np
 import scipy.sparse as sp
-from absl import logging
+from absl import flags, logging
 
-from snm_jax.data import conversions
+from snm_jax.data import conversions, records, shards
 
 Examples = tuple[np.ndarray, np.ndarray]
 BATCH_KEYS = ("feat_ids", "feat_vals", "label", "label_set", "valid", "example_id")
 DENSE_BATCH_KEYS = ("features", "label", "label_set", "valid", "example_id")
 
 
+def choose_max_nnz_from_histogram(hist, percentile: float = 100.0, multiple_of: int = 8) -> int:
+  """Smallest multiple of `multiple_of` >= the `percentile`-th percentile (numpy's "higher"
+  method) of the per-row counts that `hist` counts (hist[i]: rows with i entries); >= 1."""
+  v = shards.percentile_from_histogram(list(np.asarray(hist, np.int64)), percentile)
+  return max(1, -(-v // multiple_of) * multiple_of) if np.sum(hist) else multiple_of
+
+
 def choose_max_nnz(row_nnz: np.ndarray, percentile: float = 100.0, multiple_of: int = 8) -> int:
-  """Smallest multiple of `multiple_of` >= the `percentile`-th percentile of row nnz (>= 1)."""
-  if row_nnz.size == 0:
-    return multiple_of
-  v = math.ceil(float(np.percentile(row_nnz, percentile, method="higher")))
-  return max(1, -(-v // multiple_of) * multiple_of)
+  """`choose_max_nnz_from_histogram` of the counts `row_nnz` (N,)."""
+  return choose_max_nnz_from_histogram(np.bincount(np.asarray(row_nnz, np.int64)), percentile,
+                                       multiple_of)
 
 
-def truncate_rows(m: sp.csr_matrix, max_nnz: int, by_magnitude: bool = True) -> sp.csr_matrix:
-  """Keeps at most `max_nnz` entries per row, in their stored order.
+# ------------------------------------------------------------------ rows
 
-  Keeps the largest-|value| entries (ties: earlier stored entry) if
-  `by_magnitude`, else the first `max_nnz` stored entries. Returns `m`
-  itself if no row is too long.
-  """
-  lens = np.diff(m.indptr)
-  if lens.max(initial=0) <= max_nnz:
-    return m
-  row = np.repeat(np.arange(m.shape[0]), lens)
-  if by_magnitude:
-    # Rank within row by decreasing |value|, stable on position.
-    order = np.lexsort((np.arange(m.nnz), -np.abs(m.data), row))
-  else:
-    order = np.arange(m.nnz)
-  rank = np.empty(m.nnz, np.int64)
-  rank[order] = np.arange(m.nnz) - m.indptr[row[order]]
-  keep = rank < max_nnz
-  new_indptr = np.concatenate([[0], np.cumsum(np.minimum(lens, max_nnz))])
-  return sp.csr_matrix((m.data[keep], m.indices[keep], new_indptr), shape=m.shape)
+class InMemoryRows:
+  """Rows held in host memory: CSR (N, d) or dense (N, d) features and CSR (N, K) label sets."""
+
+  def __init__(self, features, labels, dense: bool = False):
+    if dense:
+      if sp.issparse(features):
+        features = features.toarray()
+      self.features = np.ascontiguousarray(features, dtype=np.float32)
+      if self.features.ndim != 2:
+        raise ValueError(f"features must be a 2-D (N, d) array, got shape {self.features.shape}")
+    else:
+      self.features = sp.csr_matrix(features, dtype=np.float32)
+    self.labels = sp.csr_matrix(labels)
+    if self.features.shape[0] != self.labels.shape[0]:
+      raise ValueError(f"features have {self.features.shape[0]} rows, labels "
+                       f"{self.labels.shape[0]}")
+    self.dense = dense
+    self.num_rows, self.num_features = self.features.shape
+
+  def row_nnz(self) -> np.ndarray:
+    """int64 (N,): stored feature entries per row (d for dense rows)."""
+    if self.dense:
+      return np.full(self.num_rows, self.num_features, np.int64)
+    return np.diff(self.features.indptr).astype(np.int64)
+
+  def histograms(self) -> tuple[np.ndarray, np.ndarray]:
+    """(rows with i feature entries, rows with i labels), over every row."""
+    return np.bincount(self.row_nnz()), np.bincount(np.diff(self.labels.indptr))
+
+  def labeled_rows(self) -> np.ndarray:
+    return np.flatnonzero(np.diff(self.labels.indptr) > 0)
+
+  def read(self, rows: np.ndarray) -> records.RowBlock:
+    rows = np.asarray(rows, np.int64)
+    lab = self.labels
+    l_lens = lab.indptr[rows + 1] - lab.indptr[rows]
+    label_ids = lab.indices[records.ranges(lab.indptr[rows], l_lens)].astype(np.int32)
+    label_indptr = np.concatenate([[0], np.cumsum(l_lens)])
+    if self.dense:
+      return records.RowBlock(rows, label_indptr, label_ids, None, None, None, self.features[rows])
+    f = self.features
+    f_lens = f.indptr[rows + 1] - f.indptr[rows]
+    pos = records.ranges(f.indptr[rows], f_lens)
+    return records.RowBlock(rows, label_indptr, label_ids, np.concatenate([[0], np.cumsum(f_lens)]),
+                            f.indices[pos].astype(np.int32), f.data[pos], None)
 
 
-def _gather_padded(m: sp.csr_matrix, rows: np.ndarray, n: int, width: int, pad_id: int,
-                   with_values: bool):
-  """Rows of CSR `m` (<= width entries each) as (n, width) id / value arrays."""
-  ids = np.full((n, width), pad_id, np.int32)
-  vals = np.zeros((n, width), np.float32) if with_values else None
-  starts = m.indptr[rows]
-  lens = m.indptr[rows + 1] - starts
-  mask = np.arange(width)[None, :] < lens[:, None]
-  pos = (starts[:, None] + np.arange(width)[None, :])[mask]
-  ids[:rows.size][mask] = m.indices[pos]
-  if with_values:
-    vals[:rows.size][mask] = m.data[pos]
-  return ids, vals
+class ShardedRows:
+  """Rows of one split of a converted dataset (`snm_jax.data.shards`), read by index through
+  Grain's ArrayRecord source: nothing but the records asked for is read or kept."""
+
+  def __init__(self, path, split: str):
+    self.path, self.split = str(path), split
+    self.meta = shards.read_metadata(path)
+    info = self.meta.splits.get(split)
+    self.source = grain.sources.ArrayRecordDataSource(shards.split_paths(path, self.meta, split))
+    if len(self.source) != info.num_rows:
+      raise ValueError(f"{path}: split {split} has {len(self.source)} records, its metadata "
+                       f"{info.num_rows}")
+    self.dense = self.meta.dense
+    self.num_rows, self.num_features = info.num_rows, self.meta.num_features
+    self.num_labels, self.name = self.meta.num_labels, self.meta.name
+    self._info = info
+
+  @property
+  def num_points(self) -> int:
+    return self.num_rows
+
+  def histograms(self) -> tuple[np.ndarray, np.ndarray]:
+    if self.dense:
+      return (np.bincount([self.num_features], minlength=self.num_features + 1) * self.num_rows,
+              np.asarray(self._info.labels_histogram, np.int64))
+    return (np.asarray(self._info.nnz_histogram, np.int64),
+            np.asarray(self._info.labels_histogram, np.int64))
+
+  def labeled_rows(self) -> None:
+    """None: every record (the converter drops a training split's unlabeled rows)."""
+    if self._info.labels_histogram and self._info.labels_histogram[0]:
+      raise ValueError(f"{self.path}: split {self.split} has {self._info.labels_histogram[0]} rows "
+                       "without a label; training needs a split written with them dropped")
+    return None
+
+  def read(self, rows: np.ndarray) -> records.RowBlock:
+    return records.decode(self.source.__getitems__([int(r) for r in rows]))
+
+
+def _truncated_positions(indptr: np.ndarray, values: np.ndarray | None, width: int):
+  """(positions kept (into the CSR block's entries), kept per row): per row at most `width`
+  entries, the largest-|value| ones if `values` is given (ties: the earlier stored entry), else
+  the first `width`; kept entries stay in stored order."""
+  lens = np.diff(indptr)
+  if lens.max(initial=0) <= width:
+    return np.arange(int(indptr[-1])), lens
+  row = np.repeat(np.arange(lens.size), lens)
+  order = (np.lexsort((np.arange(row.size), -np.abs(values), row)) if values is not None
+           else np.arange(row.size))
+  rank = np.empty(row.size, np.int64)
+  rank[order] = np.arange(row.size) - indptr[row[order]]
+  return np.flatnonzero(rank < width), np.minimum(lens, width)
+
+
+def _pad(kept_lens: np.ndarray, n: int, width: int, *arrays_and_fills):
+  """Scatters each row's kept entries into (n, width) arrays, padded with the given fill."""
+  mask = np.arange(width)[None, :] < kept_lens[:, None]
+  out = []
+  for values, fill, dtype in arrays_and_fills:
+    a = np.full((n, width), fill, dtype)
+    a[:kept_lens.size][mask] = values
+    out.append(a)
+  return out
+
+
+def _histogram_stats(hist: np.ndarray, cap: int) -> tuple[int, int, int]:
+  """(rows, rows over `cap`, entries over `cap`) of a histogram of per-row counts."""
+  hist = np.asarray(hist, np.int64)
+  v = np.arange(hist.size)
+  over = v > cap
+  return int(hist.sum()), int(hist[over].sum()), int(((v - cap) * hist)[over].sum())
+
+
+# Global steps of an unbounded run: the batch dataset's length (Grain's MapDataset is finite).
+_UNBOUNDED_STEPS = 2 ** 40
 
 
 class SparseBatcher:
-  """Deterministic, resumable iterator over fixed-shape padded batches.
+  """Deterministic, resumable iterator over fixed-shape padded batches, built on Grain.
 
   Yields dicts of numpy arrays for THIS process's slice (n = G / P rows):
     feat_ids   int32 (n, max_nnz)    feature ids, padded with 0
@@ -85,29 +176,40 @@ class SparseBatcher:
     valid      bool (n,)             False for padding rows of the last batch
     example_id int32 (n,)            feature row (data point) index, -1 padding
 
+  Order: global batch b of epoch e holds positions [b*G, (b+1)*G) of epoch e's permutation of
+  the M examples, Grain's index shuffle (`grain.experimental.index_shuffle`, 4 rounds, seed
+  `seed + e`: the permutation of `MapDataset.range(M).shuffle(seed).repeat()`), computed per
+  position, so no O(M) array is built. Process p of P builds only rows [p*G/P, (p+1)*G/P) of it,
+  so the concatenation over processes does not depend on P. The batches are a Grain
+  `MapDataset` indexed by the global step, read through `to_iter_dataset` with
+  `read_threads` background threads (`prefetch` batches ahead; 0: in the caller's thread) and
+  optionally `workers` processes (`mp_prefetch`); the state saved in checkpoints is Grain's
+  iterator state, and any state restores onto any process count.
+
   Rows with more than `max_nnz` features keep their largest-|value| entries;
   label sets longer than `max_labels` keep their first stored ids. Both are
   counted in `stats` and logged once per epoch.
   """
 
-  def __init__(self, features: sp.spmatrix, labels: sp.spmatrix,
-               examples: Examples | Callable[[int], Examples] | str | None, *,
+  def __init__(self, features, labels, examples: Examples | str | None, *,
                global_batch_size: int, max_nnz: int | str = "auto",
                max_labels: int | str = "auto", seed: int = 0,
                process_index: int | None = None, process_count: int | None = None,
                shuffle: bool = True, drop_remainder: bool = False,
                num_epochs: int | None = None, nnz_percentile: float = 100.0,
-               pad_multiple: int = 8, log_epochs: bool = True):
-    """Builds the batcher (the data is held in memory; each process keeps it all).
+               pad_multiple: int = 8, log_epochs: bool = True, read_threads: int = 0,
+               prefetch: int = 2, workers: int = 0):
+    """Builds the batcher.
 
     Args:
-      features: CSR (N, d).
-      labels: CSR (N, K), full label sets (stored order kept).
-      examples: `(example_index (M,), label (M,))` from a conversion (fixed
-        for all epochs), a callable `epoch -> (example_index, label)`, a
-        conversion name from `conversions.CONVERSIONS` (seeded with `seed`;
-        "sample_one_positive" is re-drawn every epoch), or None for every
-        row once with label -1 (evaluation).
+      features: CSR (N, d) (dense (N, d) for DenseBatcher) held in memory, or a `ShardedRows`
+        (a converted dataset's split, read by index; `labels` None).
+      labels: CSR (N, K), full label sets (stored order kept); None with `ShardedRows`.
+      examples: `(example_index (M,), label (M,))` from a conversion (fixed for all epochs;
+        in-memory rows only), a conversion name from `conversions.CONVERSIONS` (the per-row
+        ones, `conversions.PER_ROW`, choose each point's positive in the batch, from (seed,
+        epoch, point): "sample_one_positive" is re-drawn every epoch), or None for every row
+        once with label -1 (evaluation).
       global_batch_size: G, divisible by process_count.
       max_nnz: int, or "auto": the `nnz_percentile` percentile of row nnz,
         rounded up to `pad_multiple` (100 = never truncate).
@@ -122,12 +224,19 @@ class SparseBatcher:
       log_epochs: log each epoch's truncation counts when it ends (the dataset-wide counts are
         logged once, at construction, either way). An evaluation batcher, which replays the
         same single epoch at every evaluation, turns it off.
+      read_threads, prefetch: Grain's ReadOptions: threads building batches ahead of the
+        consumer and how many batches they keep ready (read_threads=0: built on demand).
+      workers: Grain worker processes (`mp_prefetch`), 0 for none.
     """
-    self._set_features(features)
-    self.labels = sp.csr_matrix(labels)
-    if self.features.shape[0] != self.labels.shape[0]:
-      raise ValueError(f"features have {self.features.shape[0]} rows, labels "
-                       f"{self.labels.shape[0]}")
+    rows_source = features if isinstance(features, ShardedRows) else None
+    if rows_source is None:
+      rows_source = InMemoryRows(features, labels, dense=self._dense)
+    elif labels is not None:
+      raise ValueError("labels must be None when features are ShardedRows (the records hold them)")
+    if rows_source.dense != self._dense:
+      raise ValueError(f"{type(self).__name__} reads {'dense' if self._dense else 'sparse'} rows; "
+                       f"the given rows are {'dense' if rows_source.dense else 'sparse'}")
+    self.rows = rows_source
     self.process_index = jax.process_index() if process_index is None else process_index
     self.process_count = jax.process_count() if process_count is None else process_count
     if global_batch_size <= 0 or global_batch_size % self.process_count:
@@ -140,85 +249,224 @@ class SparseBatcher:
     self.seed, self.shuffle = seed, shuffle
     self.drop_remainder, self.num_epochs = drop_remainder, num_epochs
     self.log_epochs = log_epochs
+    self.read_threads, self.prefetch, self.workers = read_threads, prefetch, workers
 
     self._eval_mode = examples is None
+    self._per_row = None        # a per-row conversion's name
+    self._example_rows = None   # (M,) rows of the examples, None: every row (record) in order
+    self._example_labels = None
     if examples is None:
-      n = self.features.shape[0]
-      fixed = (np.arange(n, dtype=np.int32), np.full(n, -1, np.int32))
-      self._examples_fn = lambda epoch: fixed
-    elif isinstance(examples, str):
-      self._examples_fn = conversions.conversion_fn(examples, self.labels, seed)
-    elif callable(examples):
-      self._examples_fn = examples
+      self.num_examples = rows_source.num_rows
+    elif isinstance(examples, str) and examples in conversions.PER_ROW:
+      self._per_row = examples
+      self._example_rows = rows_source.labeled_rows()
+      self.num_examples = (rows_source.num_rows if self._example_rows is None
+                           else self._example_rows.size)
     else:
-      fixed = (np.asarray(examples[0], np.int32), np.asarray(examples[1], np.int32))
-      if fixed[0].shape != fixed[1].shape:
+      if isinstance(rows_source, ShardedRows):
+        raise ValueError(f"examples {examples if isinstance(examples, str) else 'arrays'}: sharded "
+                         f"rows take the per-row conversions {conversions.PER_ROW} or None")
+      if isinstance(examples, str):
+        if examples not in conversions.CONVERSIONS:
+          raise ValueError(f"unknown conversion {examples!r}; choose from "
+                           f"{sorted(conversions.CONVERSIONS)}")
+        examples = conversions.CONVERSIONS[examples](rows_source.labels)
+      ex_idx, ex_lab = np.asarray(examples[0], np.int64), np.asarray(examples[1], np.int32)
+      if ex_idx.shape != ex_lab.shape:
         raise ValueError("example_index and label must have the same shape")
-      self._examples_fn = lambda epoch: fixed
+      if ex_idx.size and (ex_idx.min() < 0 or ex_idx.max() >= rows_source.num_rows):
+        raise ValueError("example_index out of range of the feature rows")
+      self._example_rows, self._example_labels = ex_idx, ex_lab
+      self.num_examples = ex_idx.size
 
-    self._row_labels = np.diff(self.labels.indptr)
-    self._set_max_nnz(max_nnz, nnz_percentile, pad_multiple)
-    self.max_labels = (choose_max_nnz(self._row_labels, 100.0, pad_multiple)
+    nnz_hist, labels_hist = rows_source.histograms()
+    self.max_nnz = self._choose_max_nnz(nnz_hist, max_nnz, nnz_percentile, pad_multiple)
+    self.max_labels = (choose_max_nnz_from_histogram(labels_hist, 100.0, pad_multiple)
                        if max_labels == "auto" else int(max_labels))
     if self.max_nnz < 1 or self.max_labels < 1:
       raise ValueError("max_nnz and max_labels must be >= 1")
-    self._labs = truncate_rows(self.labels, self.max_labels, by_magnitude=False)
-
-    over = self._row_nnz > self.max_nnz
-    over_l = self._row_labels > self.max_labels
+    rows_n, over_n, dropped_n = _histogram_stats(nnz_hist, self.max_nnz)
+    _, over_l, dropped_l = _histogram_stats(labels_hist, self.max_labels)
     self._dataset_stats = {
         "max_nnz": self.max_nnz,
         "max_labels": self.max_labels,
-        "dataset_rows": int(self.features.shape[0]),
-        "dataset_rows_truncated": int(over.sum()),
-        "dataset_nnz_dropped": int((self._row_nnz - self.max_nnz)[over].sum()),
-        "dataset_nnz": int(self._row_nnz.sum()),
-        "dataset_label_sets_truncated": int(over_l.sum()),
-        "dataset_labels_dropped": int((self._row_labels - self.max_labels)[over_l].sum()),
+        "dataset_rows": rows_source.num_rows,
+        "dataset_rows_truncated": over_n,
+        "dataset_nnz_dropped": dropped_n,
+        "dataset_nnz": int((np.arange(nnz_hist.size) * nnz_hist).sum()),
+        "dataset_label_sets_truncated": over_l,
+        "dataset_labels_dropped": dropped_l,
     }
-    log = logging.warning if over.any() or over_l.any() else logging.info
+    log = logging.warning if over_n or over_l else logging.info
     log("%s: max_nnz=%d truncates %d of %d rows (%d of %d feature entries "
         "dropped); max_labels=%d truncates %d label sets (%d labels dropped).",
-        type(self).__name__, self.max_nnz, self._dataset_stats["dataset_rows_truncated"],
-        self._dataset_stats["dataset_rows"], self._dataset_stats["dataset_nnz_dropped"],
-        self._dataset_stats["dataset_nnz"], self.max_labels,
-        self._dataset_stats["dataset_label_sets_truncated"],
-        self._dataset_stats["dataset_labels_dropped"])
+        type(self).__name__, self.max_nnz, over_n, self._dataset_stats["dataset_rows"], dropped_n,
+        self._dataset_stats["dataset_nnz"], self.max_labels, over_l, dropped_l)
 
-    self._epoch, self._position = 0, 0
-    self._cache_epoch, self._cache = None, None
+    self._step = 0          # global batch index of the next batch handed out
+    self._iterator = None   # Grain's iterator, positioned at self._step; built on first use
     self._reset_epoch_stats()
 
+  _dense = False
+
+  @property
+  def labels(self) -> sp.csr_matrix:
+    """The label sets (N, K) of in-memory rows."""
+    return self.rows.labels
+
+  @property
+  def features(self):
+    """The features (N, d) of in-memory rows."""
+    return self.rows.features
+
+  def _choose_max_nnz(self, nnz_hist, max_nnz, nnz_percentile, pad_multiple) -> int:
+    return (choose_max_nnz_from_histogram(nnz_hist, nnz_percentile, pad_multiple)
+            if max_nnz == "auto" else int(max_nnz))
+
   # ----------------------------------------------------------------- features
-  # The feature layout's three hooks (DenseBatcher overrides them).
-  def _set_features(self, features) -> None:
-    """Sets self.features, (N, d)."""
-    self.features = sp.csr_matrix(features, dtype=np.float32)
-
-  def _set_max_nnz(self, max_nnz, nnz_percentile: float, pad_multiple: int) -> None:
-    """Sets self._row_nnz (N,), self.max_nnz and the rows truncated to it."""
-    self._row_nnz = np.diff(self.features.indptr)
-    self.max_nnz = (choose_max_nnz(self._row_nnz, nnz_percentile, pad_multiple)
-                    if max_nnz == "auto" else int(max_nnz))
-    if self.max_nnz < 1:
-      raise ValueError("max_nnz and max_labels must be >= 1")
-    self._feat = truncate_rows(self.features, self.max_nnz, by_magnitude=True)
-
-  def _gather_features(self, rows: np.ndarray, n: int) -> dict:
-    """The feature arrays of `rows`, padded to n rows."""
-    feat_ids, feat_vals = _gather_padded(self._feat, rows, n, self.max_nnz, 0, True)
-    return {"feat_ids": feat_ids, "feat_vals": feat_vals}
+  def _features(self, block: records.RowBlock, n: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(feature arrays padded to n rows, rows truncated (bool per block row), entries dropped)."""
+    pos, kept = _truncated_positions(block.feat_indptr, block.feat_vals, self.max_nnz)
+    feat_ids, feat_vals = _pad(kept, n, self.max_nnz, (block.feat_ids[pos], 0, np.int32),
+                               (block.feat_vals[pos], 0.0, np.float32))
+    lens = np.diff(block.feat_indptr)
+    return {"feat_ids": feat_ids, "feat_vals": feat_vals}, lens > kept, lens - kept
 
   def example_inputs(self) -> tuple[np.ndarray, ...]:
     """Zero tower inputs of one row, shaped and typed as `towers.tower_inputs` of a batch
     (what `tower.init` needs): (feat_ids (1, max_nnz) int32, feat_vals (1, max_nnz) float32)."""
     return (np.zeros((1, self.max_nnz), np.int32), np.zeros((1, self.max_nnz), np.float32))
 
+  # ----------------------------------------------------------------- batches
+  def steps_per_epoch(self, epoch: int = 0) -> int:
+    del epoch  # every epoch has the same M examples
+    m, g = self.num_examples, self.global_batch_size
+    return m // g if self.drop_remainder else -(-m // g)
+
+  def _num_steps(self) -> int:
+    steps = self.steps_per_epoch()
+    return _UNBOUNDED_STEPS if self.num_epochs is None else self.num_epochs * steps
+
+  def _positions(self, epoch: int, lo: int, hi: int) -> np.ndarray:
+    """Example indices at positions [lo, hi) of epoch `epoch`'s order."""
+    if not self.shuffle:
+      return np.arange(lo, hi, dtype=np.int64)
+    seed = (self.seed + epoch) % 2 ** 32
+    last = self.num_examples - 1
+    return np.fromiter((grain.experimental.index_shuffle(j, max_index=last, seed=seed, rounds=4)
+                        for j in range(lo, hi)), np.int64, hi - lo)
+
+  def batch_at(self, epoch: int, position: int) -> dict:
+    """This process's slice of global batch `position` of `epoch` (no state change)."""
+    return self._build(epoch * self.steps_per_epoch() + position)[0]
+
+  def _build(self, step: int) -> tuple[dict, dict]:
+    """(this process's slice of global batch `step`, its truncation counts)."""
+    steps = self.steps_per_epoch()
+    epoch, position = divmod(step, steps)
+    n, m = self.local_batch_size, self.num_examples
+    lo = min(position * self.global_batch_size + self.process_index * n, m)
+    hi = min(lo + n, (position + 1) * self.global_batch_size, m)
+    ex = self._positions(epoch, lo, hi)
+    rows = ex if self._example_rows is None else self._example_rows[ex]
+    block = self.rows.read(rows)
+    k = rows.size
+    features, truncated, dropped = self._features(block, n)
+    l_lens = np.diff(block.label_indptr)
+    label = np.zeros(n, np.int32)
+    if self._eval_mode:
+      label[:] = -1
+    elif self._per_row is not None:
+      label[:k] = conversions.choose_positive(self._per_row, block.label_indptr[:-1], l_lens,
+                                              block.label_ids, block.example_id, self.seed, epoch)
+    else:
+      label[:k] = self._example_labels[ex]
+    pos, kept = _truncated_positions(block.label_indptr, None, self.max_labels)
+    label_set, = _pad(kept, n, self.max_labels, (block.label_ids[pos], -1, np.int32))
+    valid = np.zeros(n, bool)
+    valid[:k] = True
+    example_id = np.full(n, -1, np.int32)
+    example_id[:k] = block.example_id
+    counts = {"epoch_examples": k, "epoch_rows_truncated": int(truncated.sum()),
+              "epoch_nnz_dropped": int(dropped.sum()),
+              "epoch_label_sets_truncated": int((l_lens > kept).sum())}
+    return ({**features, "label": label, "label_set": label_set, "valid": valid,
+             "example_id": example_id}, counts)
+
+  # ----------------------------------------------------------------- iteration
+  def _grain_iterator(self):
+    """Grain's iterator over the batch dataset (global step -> this process's batch)."""
+    ds = grain.MapDataset.range(self._num_steps()).map(self._build)
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=self.read_threads,
+                                              prefetch_buffer_size=self.prefetch if self.read_threads else 0))
+    if self.workers:
+      _grain_flags_parsed()
+      it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
+    return iter(it)
+
+  def __iter__(self) -> Iterator[dict]:
+    return self
+
+  def __next__(self) -> dict:
+    steps = self.steps_per_epoch()
+    if steps == 0:
+      raise ValueError(f"the data has {self.num_examples} examples: fewer than one global batch "
+                       f"({self.global_batch_size}) with drop_remainder, or none at all")
+    if self._step >= self._num_steps():
+      self.close()
+      raise StopIteration
+    if self._iterator is None:
+      self._iterator = self._grain_iterator()
+      if self._step:
+        self._iterator.set_state(self._grain_state(self._step))
+    batch, counts = next(self._iterator)
+    st = self._epoch_stats
+    for key, value in counts.items():
+      st[key] += value
+    self._step += 1
+    if self._step % steps == 0:
+      if self.log_epochs:
+        # Every epoch at debug verbosity (-v 1), a warning when it truncated something.
+        truncated = st["epoch_rows_truncated"] or st["epoch_label_sets_truncated"]
+        log = logging.warning if truncated else functools.partial(logging.vlog, 1)
+        log("epoch %d (process %d/%d): %d examples; %d truncated to max_nnz=%d "
+            "(%d feature entries dropped); %d label sets truncated to max_labels=%d.",
+            st["epoch"], self.process_index, self.process_count, st["epoch_examples"],
+            st["epoch_rows_truncated"], self.max_nnz, st["epoch_nnz_dropped"],
+            st["epoch_label_sets_truncated"], self.max_labels)
+      self._reset_epoch_stats()
+    return batch
+
+  def close(self) -> None:
+    """Stops Grain's prefetch threads / workers (a later `next` starts them again)."""
+    if self._iterator is not None:
+      close = getattr(self._iterator, "close", None)
+      if close is not None:
+        close()
+      self._iterator = None
+
+  def __getstate__(self) -> dict:
+    """What Grain's worker processes receive with `_build`: everything but the live iterator."""
+    return {**self.__dict__, "_iterator": None}
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except  # interpreter shutdown
+      pass
+
   # ----------------------------------------------------------------- state
+  def _grain_state(self, step: int) -> dict:
+    """Grain's iterator state at global step `step`: its MapDataset's next index (the iterator
+    is rebuilt from a position, so the state restores onto any worker and process count)."""
+    return {"next_index": step}
+
   def get_state(self) -> dict:
-    """JSON-able position of the next batch: {"epoch", "position", "seed", "global_batch_size"}."""
-    return {"epoch": self._epoch, "position": self._position, "seed": self.seed,
-            "global_batch_size": self.global_batch_size}
+    """JSON-able position of the next batch: {"epoch", "position", "seed", "global_batch_size",
+    "grain": Grain's iterator state}."""
+    epoch, position = divmod(self._step, max(self.steps_per_epoch(), 1))
+    return {"epoch": epoch, "position": position, "seed": self.seed,
+            "global_batch_size": self.global_batch_size, "grain": self._grain_state(self._step)}
 
   def set_state(self, state: dict) -> None:
     """Resumes exactly at a state from `get_state` (any process_count)."""
@@ -227,10 +475,14 @@ class SparseBatcher:
         raise ValueError(f"iterator state has {key}={state[key]}, this batcher "
                          f"{getattr(self, key)}; cannot resume the same sequence")
     epoch, position = int(state["epoch"]), int(state["position"])
-    if not 0 <= position <= self.steps_per_epoch(epoch):
-      raise ValueError(f"position {position} outside epoch {epoch} "
-                       f"({self.steps_per_epoch(epoch)} batches)")
-    self._epoch, self._position = epoch, position
+    steps = self.steps_per_epoch()
+    if not 0 <= position <= steps:
+      raise ValueError(f"position {position} outside epoch {epoch} ({steps} batches)")
+    step = epoch * steps + position
+    if "grain" in state and int(state["grain"]["next_index"]) != step:
+      raise ValueError(f"iterator state {state}: Grain's next index is not epoch x {steps} + position")
+    self.close()
+    self._step = step
     self._reset_epoch_stats()
 
   @property
@@ -239,82 +491,16 @@ class SparseBatcher:
     return {**self._dataset_stats, **self._epoch_stats}
 
   def _reset_epoch_stats(self):
-    self._epoch_stats = {"epoch": self._epoch, "epoch_examples": 0,
+    self._epoch_stats = {"epoch": self._step // max(self.steps_per_epoch(), 1), "epoch_examples": 0,
                          "epoch_rows_truncated": 0, "epoch_nnz_dropped": 0,
                          "epoch_label_sets_truncated": 0}
 
-  # ----------------------------------------------------------------- epochs
-  def _epoch_data(self, epoch: int):
-    if self._cache_epoch != epoch:
-      ex_idx, ex_lab = self._examples_fn(epoch)
-      ex_idx = np.asarray(ex_idx, np.int64)
-      if ex_idx.size and (ex_idx.min() < 0 or ex_idx.max() >= self.features.shape[0]):
-        raise ValueError("example_index out of range of the feature rows")
-      m = ex_idx.size
-      perm = (np.random.default_rng([self.seed, epoch]).permutation(m) if self.shuffle
-              else np.arange(m))
-      self._cache_epoch, self._cache = epoch, (ex_idx, np.asarray(ex_lab, np.int32), perm)
-    return self._cache
 
-  def steps_per_epoch(self, epoch: int = 0) -> int:
-    m = self._epoch_data(epoch)[0].size
-    g = self.global_batch_size
-    return m // g if self.drop_remainder else -(-m // g)
-
-  def batch_at(self, epoch: int, position: int) -> dict:
-    """This process's slice of global batch `position` of `epoch` (no state change)."""
-    ex_idx, ex_lab, perm = self._epoch_data(epoch)
-    n = self.local_batch_size
-    lo = position * self.global_batch_size + self.process_index * n
-    sel = perm[lo:min(lo + n, perm.size)]
-    rows = ex_idx[sel]
-    k = rows.size
-    features = self._gather_features(rows, n)
-    label_set, _ = _gather_padded(self._labs, rows, n, self.max_labels, -1, False)
-    label = np.zeros(n, np.int32)
-    label[:k] = ex_lab[sel]
-    if self._eval_mode:
-      label[:] = -1
-    valid = np.zeros(n, bool)
-    valid[:k] = True
-    example_id = np.full(n, -1, np.int32)
-    example_id[:k] = rows
-    return {**features, "label": label, "label_set": label_set, "valid": valid,
-            "example_id": example_id}
-
-  def __iter__(self) -> Iterator[dict]:
-    return self
-
-  def __next__(self) -> dict:
-    if self.num_epochs is not None and self._epoch >= self.num_epochs:
-      raise StopIteration
-    steps = self.steps_per_epoch(self._epoch)
-    if steps == 0:
-      m = self._epoch_data(self._epoch)[0].size
-      raise ValueError(f"epoch {self._epoch} has {m} examples: fewer than one global batch "
-                       f"({self.global_batch_size}) with drop_remainder, or none at all")
-    batch = self.batch_at(self._epoch, self._position)
-    rows = batch["example_id"][batch["valid"]]
-    over = self._row_nnz[rows] > self.max_nnz
-    st = self._epoch_stats
-    st["epoch_examples"] += int(rows.size)
-    st["epoch_rows_truncated"] += int(over.sum())
-    st["epoch_nnz_dropped"] += int((self._row_nnz[rows] - self.max_nnz)[over].sum())
-    st["epoch_label_sets_truncated"] += int((self._row_labels[rows] > self.max_labels).sum())
-    self._position += 1
-    if self._position == steps:
-      if self.log_epochs:
-        # Every epoch at debug verbosity (-v 1), a warning when it truncated something.
-        truncated = st["epoch_rows_truncated"] or st["epoch_label_sets_truncated"]
-        log = logging.warning if truncated else functools.partial(logging.vlog, 1)
-        log("epoch %d (process %d/%d): %d examples; %d truncated to max_nnz=%d "
-            "(%d feature entries dropped); %d label sets truncated to max_labels=%d.",
-            self._epoch, self.process_index, self.process_count, st["epoch_examples"],
-            st["epoch_rows_truncated"], self.max_nnz, st["epoch_nnz_dropped"],
-            st["epoch_label_sets_truncated"], self.max_labels)
-      self._epoch, self._position = self._epoch + 1, 0
-      self._reset_epoch_stats()
-    return batch
+def _grain_flags_parsed() -> None:
+  """Grain's worker processes read absl flags; outside an absl app (a notebook, pytest) they are
+  not parsed yet, and their defaults are what a library caller wants."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 
 class DenseBatcher(SparseBatcher):
@@ -330,30 +516,24 @@ class DenseBatcher(SparseBatcher):
   same rows as SparseBatcher's on the same labels, seed and conversion.
 
   features: a dense (N, d) array, kept without a copy if it is C-ordered float32,
-  or a sparse (N, d) matrix, densified once.
+  or a sparse (N, d) matrix, densified once; or dense `ShardedRows`.
   """
 
-  def _set_features(self, features) -> None:
-    if sp.issparse(features):
-      features = features.toarray()
-    self.features = np.ascontiguousarray(features, dtype=np.float32)
-    if self.features.ndim != 2:
-      raise ValueError(f"features must be a 2-D (N, d) array, got shape {self.features.shape}")
+  _dense = True
 
-  def _set_max_nnz(self, max_nnz, nnz_percentile: float, pad_multiple: int) -> None:
-    del max_nnz, nnz_percentile, pad_multiple  # every row is d wide: nothing to choose or truncate
-    n, d = self.features.shape
-    self._row_nnz = np.full(n, d, np.int64)
-    self.max_nnz = d
+  def _choose_max_nnz(self, nnz_hist, max_nnz, nnz_percentile, pad_multiple) -> int:
+    del nnz_hist, max_nnz, nnz_percentile, pad_multiple  # every row is d wide
+    return self.rows.num_features
 
-  def _gather_features(self, rows: np.ndarray, n: int) -> dict:
-    x = np.zeros((n, self.features.shape[1]), np.float32)
-    x[:rows.size] = self.features[rows]
-    return {"features": x}
+  def _features(self, block: records.RowBlock, n: int):
+    x = np.zeros((n, self.rows.num_features), np.float32)
+    x[:block.dense.shape[0]] = block.dense
+    none = np.zeros(block.dense.shape[0], bool)
+    return {"features": x}, none, np.zeros(block.dense.shape[0], np.int64)
 
   def example_inputs(self) -> tuple[np.ndarray, ...]:
     """(features (1, d) float32,) of zeros: the tower's inputs of one row."""
-    return (np.zeros((1, self.features.shape[1]), np.float32),)
+    return (np.zeros((1, self.rows.num_features), np.float32),)
 
 
 # ------------------------------------------------------------------ devices
@@ -412,85 +592,3 @@ def make_stacked_global_batch(local_batches: list[dict], mesh: jax.sharding.Mesh
     return jax.device_put(stacked, sharding)
   return {k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0], global_batch_size, *v.shape[2:]))
           for k, v in stacked.items()}
-
-class DevicePrefetcher:
-  """Iterator moving batches to devices in a background thread, `size` ahead.
-
-  `get_state()` returns the wrapped iterator's state as of the last batch
-  handed out (not the prefetched ones), so checkpoints resume exactly.
-  """
-
-  _END = object()
-
-  def __init__(self, iterator, size: int = 2, mesh=None, data_axis="data"):
-    self._it = iterator
-    self._mesh, self._data_axis = mesh, data_axis
-    self._has_state = hasattr(iterator, "get_state")
-    self._state = iterator.get_state() if self._has_state else None
-    self._queue: queue.Queue = queue.Queue(maxsize=max(1, size))
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True, name="DevicePrefetcher")
-    self._thread.start()
-
-  def _put(self, item) -> bool:
-    while not self._stop.is_set():
-      try:
-        self._queue.put(item, timeout=0.1)
-        return True
-      except queue.Full:
-        continue
-    return False
-
-  def _run(self):
-    try:
-      for batch in self._it:
-        if self._mesh is not None:
-          batch = make_global_batch(batch, self._mesh, self._data_axis)
-        else:
-          batch = jax.device_put(batch)
-        state = self._it.get_state() if self._has_state else None
-        if not self._put((batch, state, None)):
-          return
-      self._put((self._END, None, None))
-    except BaseException as e:  # Re-raised in the consumer thread.
-      self._put((None, None, e))
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    if self._thread is None:
-      raise StopIteration
-    batch, state, err = self._queue.get()
-    if err is not None:
-      self.close()
-      raise err
-    if batch is self._END:
-      self.close()
-      raise StopIteration
-    self._state = state
-    return batch
-
-  def get_state(self) -> dict | None:
-    return self._state
-
-  def close(self):
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
-      self._thread = None
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
-
-def prefetch_to_device(iterator, size: int = 2, mesh=None, data_axis="data") -> DevicePrefetcher:
-  """Wraps `iterator` (e.g. a SparseBatcher) so batches are on device `size` steps ahead.
-
-  With `mesh`, batches are assembled by `make_global_batch`; without, they
-  are `jax.device_put` on the default device.
-  """
-  return DevicePrefetcher(iterator, size=size, mesh=mesh, data_axis=data_axis)

@@ -416,3 +416,42 @@ def load_or_synthesize(name: str, config: SyntheticConfig | None = None,
     logging.warning("%s", notice)
   data = make_synthetic(config or SyntheticConfig(), num_train, num_test, seed)
   return data.train, data.test, data.problem
+
+
+# ------------------------------------------------------------ streamed sparse rows
+
+def sparse_row_chunks(num_rows: int, *, num_features: int, num_labels: int, nnz: int = 64,
+                      labels_per_row: int = 3, chunk_rows: int = 65_536, seed: int = 0):
+  """Yields `(features CSR (n, d) float32, labels CSR (n, K))` chunks of a learnable sparse
+  multi-label set of `num_rows` rows, one chunk in memory at a time (for the ArrayRecord converter
+  at any size; chunk c depends only on (seed, c), so the rows do not depend on what was read before).
+
+  Each row has 1..`labels_per_row` labels (Zipf-like: label y has weight 1 / (y + 1)) and `nnz`
+  feature ids: half drawn from its labels' own blocks of `num_features // num_labels` ids (at least
+  8), half uniform over d; values uniform in (0, 1].
+  """
+  block = max(8, num_features // max(num_labels, 1))
+  weights = 1.0 / np.arange(1, num_labels + 1)
+  cdf = np.cumsum(weights / weights.sum())
+  for c, lo in enumerate(range(0, num_rows, chunk_rows)):
+    n = min(chunk_rows, num_rows - lo)
+    rng = np.random.default_rng([seed, c, 0x5EED])
+    counts = rng.integers(1, labels_per_row + 1, n)
+    lab = np.minimum(np.searchsorted(cdf, rng.random((n, labels_per_row))), num_labels - 1)
+    keep = np.arange(labels_per_row)[None, :] < counts[:, None]
+    # Distinct ids per row (a label set, and CSR without duplicate entries): drop repeats.
+    lab_sorted = np.sort(np.where(keep, lab, num_labels), axis=1)
+    keep = (lab_sorted < num_labels) & np.concatenate(
+        [np.ones((n, 1), bool), lab_sorted[:, 1:] != lab_sorted[:, :-1]], axis=1)
+    labels = sp.csr_matrix((np.ones(int(keep.sum()), np.float32), lab_sorted[keep],
+                            np.concatenate([[0], np.cumsum(keep.sum(1))])), shape=(n, num_labels))
+    half = nnz // 2
+    owner = lab_sorted[np.arange(n)[:, None], rng.integers(0, keep.sum(1)[:, None], (n, half))]
+    own = (owner * block + rng.integers(0, block, (n, half))) % num_features
+    ids = np.concatenate([own, rng.integers(0, num_features, (n, nnz - half))], axis=1)
+    ids = np.sort(ids, axis=1)
+    first = np.concatenate([np.ones((n, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    vals = (1.0 - rng.random((n, nnz))).astype(np.float32)
+    features = sp.csr_matrix((vals[first], ids[first], np.concatenate([[0], np.cumsum(first.sum(1))])),
+                             shape=(n, num_features))
+    yield features, labels

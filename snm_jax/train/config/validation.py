@@ -179,6 +179,7 @@ def validate(config, num_labels: int | None = None) -> None:
                       f"split), got {fraction!r}")
   _int("dataset.validation_seed", field_or_default(d, "validation_seed", 0), 0)
   _validate_files(d)
+  _validate_format(config)
   if d.name == "synthetic":
     s = d.synthetic
     _int("dataset.synthetic.num_labels", s.num_labels, 2)
@@ -458,6 +459,41 @@ def _validate_sparse_input(config) -> None:
     raise ConfigError("optimizer.weight_decay", f"optimizer.learning_rate * optimizer.weight_decay "
                       f"= {o.learning_rate} * {wd} must be < 1 with model.input_update=sparse (each "
                       "touched input row is multiplied by 1 - lr * weight_decay)")
+
+
+def _validate_format(config) -> None:
+  """dataset.format and the input-pipeline fields; with format=sharded, what the sharded training
+  split cannot serve (each needs the whole training matrix in memory) is refused here."""
+  d = config.dataset
+  fmt = field_or_default(d, "format", "memory")
+  _one_of("dataset.format", fmt, ("memory", "sharded"))
+  _int("dataset.read_threads", field_or_default(d, "read_threads", 1), 0)
+  _int("dataset.prefetch", field_or_default(d, "prefetch", 2), 0)
+  _int("dataset.workers", field_or_default(d, "workers", 0), 0)
+  shards_dir = field_or_default(d, "shards", "")
+  if fmt == "memory":
+    if shards_dir:
+      raise ConfigError("dataset.shards", f"{shards_dir!r} is set but dataset.format is 'memory': set "
+                        "dataset.format=sharded to read the shards")
+    return
+  if not shards_dir:
+    raise ConfigError("dataset.shards", "dataset.format=sharded needs the converted dataset's "
+                      "directory (`python -m experiments.convert --out=...`)")
+  from snm_jax.data.conversions import PER_ROW  # pylint: disable=g-import-not-at-top
+  if d.conversion not in PER_ROW:
+    raise ConfigError("dataset.conversion", f"{d.conversion!r} lists every example up front; the "
+                      f"sharded path takes the per-row conversions {PER_ROW}")
+  refused = (("mining.sampler", config.mining.get("sampler") == "tree",
+              "the tree sampler is fitted on the whole training matrix"),
+             ("diagnostics.every", config.get("diagnostics") is not None and config.diagnostics.every > 0,
+              "the diagnostics probe batch is cut from the training matrix"),
+             ("recipe.search", bool(config.get("recipe") and config.recipe.get("search")),
+              "the recipe derives its settings from the training matrix"),
+             ("task", config.get("task", "classification") != "classification",
+              "only the classification task reads sharded data"))
+  for field, bad, why in refused:
+    if bad:
+      raise ConfigError(field, f"not available with dataset.format=sharded: {why}")
 
 
 def _validate_files(d) -> None:

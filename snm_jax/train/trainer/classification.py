@@ -46,6 +46,9 @@ class GlobalBatches:
   def get_state(self) -> dict:
     return self.batcher.get_state()
 
+  def close(self) -> None:
+    self.batcher.close()
+
   def set_state(self, state: dict) -> None:
     self.batcher.set_state(state)
 
@@ -59,8 +62,9 @@ def build(config, mesh) -> Task:
   run_data = load_run_data(config)
   num_labels = run_data.num_labels
   validation.validate(config, num_labels)
-  logging.info("data: %s, %d train / %d validation / %d test points, d=%d, K=%d", run_data.source,
-               run_data.train.features.shape[0],
+  logging.info("data: %s%s, %d train / %d validation / %d test points, d=%d, K=%d", run_data.source,
+               f" (shards in {config.dataset.shards})" if run_data.sharded else "",
+               run_data.train.num_points,
                run_data.validation.features.shape[0] if run_data.validation is not None else 0,
                run_data.test.features.shape[0], run_data.num_features, num_labels)
   check_strata_fit_mesh(config.mining.num_strata, mesh.shape[sharding.MODEL])  # the table init needs it too
@@ -112,11 +116,13 @@ def build(config, mesh) -> Task:
   # processes that share a data shard, e.g. a model axis spanning hosts, feed the same rows).
   process_index, process_count = process_data_slice(mesh)
   dense = builders.dense_inputs(config)  # model.kind=mlp: dense rows (N, d), not padded sparse ones
+  d = config.dataset
+  rows = (run_data.train, None) if run_data.sharded else (run_data.train.features, run_data.train.labels)
   batcher = (DenseBatcher if dense else SparseBatcher)(
-      run_data.train.features, run_data.train.labels, config.dataset.conversion,
-      global_batch_size=config.train.batch_size,
-      max_nnz=config.dataset.max_nnz or "auto", max_labels=config.dataset.max_labels or "auto",
-      seed=config.seed, process_index=process_index, process_count=process_count)
+      *rows, d.conversion, global_batch_size=config.train.batch_size,
+      max_nnz=d.max_nnz or "auto", max_labels=d.max_labels or "auto",
+      seed=config.seed, process_index=process_index, process_count=process_count,
+      read_threads=d.get("read_threads", 1), prefetch=d.get("prefetch", 2), workers=d.get("workers", 0))
 
   state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.example_inputs(),
                        input_table)

@@ -57,6 +57,8 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
     sharding.check_divisible("train.batch_size", config.train.batch_size, mesh, sharding.DATA)
     task = build_task(config, mesh)
     state, batches = task.state, task.batches
+    if hasattr(batches, "close"):
+      cleanup.callback(batches.close)  # the input pipeline's threads and worker processes
     selecting = "validation" in task.evaluators
 
     # ---- writers, checkpoints, restore ------------------------------------------

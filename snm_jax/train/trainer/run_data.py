@@ -13,8 +13,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from snm_jax import data as snm_data
-from snm_jax.data import array_files
-from snm_jax.errors import ConfigError, DatasetNotFoundError
+from snm_jax.data import array_files, shards
+from snm_jax.data.pipeline import ShardedRows
+from snm_jax.errors import ConfigError, DataFormatError, DatasetNotFoundError
 
 
 @dataclasses.dataclass
@@ -25,6 +26,8 @@ class RunData:
     train: the training part, features (N_tr, d) and labels (N_tr, K); without
       a validation split, the whole training file. Features are CSR, or a dense
       float32 array for dense files (`dataset.name="files"`), in every split.
+      With `dataset.format="sharded"` the training split is not loaded: a
+      `ShardedRows` the input pipeline reads by index (the other splits are in memory).
     test: the test split (N_te, d) / (N_te, K), never subsampled or split.
     source: what was loaded (e.g. "bibtex", "synthetic").
     synthetic: the generator's data (raw features, Bayes predictor) for
@@ -50,12 +53,16 @@ class RunData:
       self.train_file_points = self.train.num_points
 
   @property
+  def sharded(self) -> bool:
+    return isinstance(self.train, ShardedRows)
+
+  @property
   def num_features(self) -> int:
-    return self.train.features.shape[1]
+    return self.train.num_features if self.sharded else self.train.features.shape[1]
 
   @property
   def num_labels(self) -> int:
-    return self.train.labels.shape[1]
+    return self.train.num_labels if self.sharded else self.train.labels.shape[1]
 
   @property
   def label_counts(self) -> np.ndarray:
@@ -128,6 +135,34 @@ def _carve_validation(out: RunData, fraction, seed) -> None:
   out.validation = snm_data.check_split_compatible(out.train, validation)
 
 
+def _sharded(config) -> RunData:
+  """The converted dataset at `dataset.shards` (`experiments.convert`): its training split read by
+  index while training, its test and validation splits in memory; checked against the config."""
+  d = config.dataset
+  try:
+    meta = shards.read_metadata(d.shards)
+  except DataFormatError as e:
+    raise ConfigError("dataset.shards", str(e)) from None
+  for field, want in (("name", meta.name), ("normalize_rows", meta.normalize_rows),
+                      ("validation_fraction", meta.validation_fraction)):
+    if d.get(field) != want:
+      raise ConfigError(f"dataset.{field}", f"{d.get(field)!r}, but the shards in {d.shards} were "
+                        f"written with {want!r} (`experiments.convert` records the name, the row "
+                        "normalisation and the validation carve); convert again or set it to match")
+  if meta.validation_fraction and d.validation_seed != meta.validation_seed:
+    raise ConfigError("dataset.validation_seed", f"{d.validation_seed}, but the shards' validation "
+                      f"split was carved with seed {meta.validation_seed}")
+
+  def in_memory(split):
+    features, labels = shards.read_split(d.shards, split)
+    return snm_data.XCDataset(features, labels, meta.name, split, path=None)
+
+  return RunData(ShardedRows(d.shards, "train"), in_memory("test"), meta.name,
+                 validation=in_memory("validation") if meta.validation_fraction else None,
+                 train_file_label_counts=shards.read_label_counts(d.shards),
+                 train_file_points=meta.train_file_points)
+
+
 def load_run_data(config) -> RunData:
   """Loads the splits named by `config.dataset` (`_load`), or returns the ones loaded for an equal
   `config.dataset` in this process (a recipe's candidates, splits and ensembles read the same data
@@ -161,6 +196,8 @@ def _load(config) -> RunData:
       `dataset.name="files"`: whose d differs), naming the file.
   """
   name = config.dataset.name
+  if config.dataset.get("format", "memory") == "sharded":
+    return _sharded(config)  # normalised and carved when it was written
   if name == "synthetic":
     out = _synthetic(config)
   elif name == "digits_head_tail":
