@@ -8,7 +8,9 @@ Errors are one line on stderr, `error: ...`, decided by exception type:
   exit status 2: the command line or the config is wrong (ConfigError, an unknown
     --config.<field>, an unparsable value); nothing was trained;
   exit status 1: the run stopped on purpose (SnmJaxError: a malformed data file,
-    a non-finite loss, the workdir locked by another run, no usable checkpoint).
+    a non-finite loss, the workdir locked by another run, no usable checkpoint);
+  exit status 75: preempted (a signal of train.preemption_signals, SIGTERM by default): the step
+    in flight finished and was checkpointed; the same command resumes the run.
 Anything else is a bug and keeps its traceback.
 """
 
@@ -21,7 +23,7 @@ from ml_collections import config_flags
 from experiments import compile_cache_flag
 from snm_jax.errors import ConfigError, SnmJaxError
 from snm_jax.train.config import overrides, validation
-from snm_jax.train.runtime import distributed, quiet_logs
+from snm_jax.train.runtime import distributed, preemption, quiet_logs
 from snm_jax.train.recipes import runs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file[:variant].",
@@ -96,6 +98,8 @@ def main(argv):
     results = runs.train(config, _WORKDIR.value)
   except ConfigError as e:
     _fail(str(e), USAGE_ERROR)
+  except preemption.Preempted as e:
+    _fail(str(e), preemption.PREEMPTED_EXIT_STATUS)
   except SnmJaxError as e:
     _fail(f"{e} ({type(e).__name__})", RUN_ERROR)
   logging.info("final: %s", {k: round(v, 4) for k, v in results["final"].items() if isinstance(v, float)})

@@ -168,6 +168,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.max_skipped_steps = 10  # on_nonfinite=skip stops like stop once more steps than this were skipped.
   # When no checkpoint of the workdir is readable: restart (move them aside, say so, train from step 0) | fail.
   c.train.on_unreadable_checkpoints = "restart"
+  # Signals that mean "preempted": the run finishes its step, checkpoints (state and input position) and
+  # exits with status 75; the same command resumes it. Several processes agree on the step through JAX's
+  # preemption service. Comma-separated names, e.g. "SIGTERM,SIGUSR1"; "" = none (the signal's default).
+  c.train.preemption_signals = "SIGTERM"
   # With a validation split: stop after this many evaluations without a better eval.select_metric (0 = never).
   c.train.patience = 0
 

@@ -180,6 +180,10 @@ def validate(config, num_labels: int | None = None) -> None:
   _int("dataset.validation_seed", field_or_default(d, "validation_seed", 0), 0)
   _validate_files(d)
   _validate_format(config)
+  from snm_jax.train.runtime.preemption import parse_signals  # pylint: disable=g-import-not-at-top
+  if not isinstance(field_or_default(config.train, "preemption_signals", "SIGTERM"), str):
+    raise ConfigError("train.preemption_signals", "must be a comma-separated string of signal names")
+  parse_signals(field_or_default(config.train, "preemption_signals", "SIGTERM"))
   if d.name == "synthetic":
     s = d.synthetic
     _int("dataset.synthetic.num_labels", s.num_labels, 2)

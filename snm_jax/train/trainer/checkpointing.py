@@ -47,6 +47,8 @@ ON_UNREADABLE = ("restart", "fail")
 RESUMABLE_FIELDS = ("train.num_steps", "train.log_every", "train.eval_every", "train.checkpoint_every",
                     "train.keep_checkpoints", "train.fingerprint", "train.patience",
                     "train.on_nonfinite", "train.max_skipped_steps", "train.on_unreadable_checkpoints",
+                    "train.preemption_signals", "dataset.read_threads", "dataset.prefetch",
+                    "dataset.workers", "dataset.format", "dataset.shards",
                     "eval.", "diagnostics.", "mesh.", "distributed.", "dataset.data_dir", "recipe.")
 NOT_RESUMABLE = ("eval.select_metric",)
 # Fields added since some workdirs were written, with the value their absence meant: a saved
@@ -54,7 +56,9 @@ NOT_RESUMABLE = ("eval.select_metric",)
 # state's pytree, so resuming an older workdir with it must be refused, not restarted; a bfloat16
 # model.dtype / table.dtype changes the trajectory, and table.dtype the table's dtype). table.rounding
 # is not listed: it acts only on a bfloat16 table, which no workdir written before it has.
-ADDED_FIELDS = {"model.input_update": "dense", "model.dtype": "float32", "table.dtype": "float32"}
+ADDED_FIELDS = {"model.input_update": "dense", "model.dtype": "float32", "table.dtype": "float32",
+                "dataset.format": "memory", "dataset.shards": "", "dataset.read_threads": 1,
+                "dataset.prefetch": 2, "dataset.workers": 0, "train.preemption_signals": "SIGTERM"}
 
 
 def state_digest(state) -> str:
@@ -253,7 +257,8 @@ def _inert_fields(saved: dict, new: dict) -> set[str]:
 # Fields that change neither the trajectory nor the results a finished run reports (recipe.*: a
 # recipe's candidates are plain runs, recipe.name cleared, which read none of them).
 REUSABLE_FIELDS = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.fingerprint",
-                   "train.on_unreadable_checkpoints", "mesh.", "distributed.", "dataset.data_dir", "recipe.")
+                   "train.on_unreadable_checkpoints", "train.preemption_signals", "mesh.", "distributed.",
+                   "dataset.data_dir", "dataset.read_threads", "dataset.prefetch", "dataset.workers", "recipe.")
 
 
 def check_finished_config(saved: dict, new: dict, where) -> None:

@@ -234,6 +234,8 @@ class CandidateGroup:
   def _keep(self, names) -> None:
     if names == self.alive:
       return
+    for gone in set(self.alive) - set(names):
+      self.tasks[gone].batches.close()  # its input pipeline's threads
     if self.mode == "serial":
       self.states = {n: self.states[n] for n in names}
       self.alive = list(names)

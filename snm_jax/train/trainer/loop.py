@@ -22,6 +22,7 @@ from snm_jax.train.config import validation
 from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, check_resume_config
 from snm_jax.train.runtime import compile_cache
 from snm_jax.train.runtime.host import itstime, workdir_lock
+from snm_jax.train.runtime.preemption import Preempted, PreemptionWatch
 from snm_jax.train.runtime.progress import Progress
 from snm_jax.train.core.task import state_fingerprint
 from snm_jax.train.trainer.tasks import build_task
@@ -90,6 +91,13 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
     def train_seconds() -> float:  # all restarts, evaluations excluded
       return progress.train_seconds + time.perf_counter() - t_segment - eval_seconds_segment
 
+    def save_checkpoint():
+      _check_finite(state, config, ckpt)
+      writer.sync()  # every metrics row up to this step is stored before the checkpoint of it
+      ckpt.save(step, state, {"iterator": batches.get_state(),
+                              "progress": {**progress.to_json(), "train_seconds": train_seconds()}})
+
+    preemption = cleanup.enter_context(PreemptionWatch(config.train.get("preemption_signals", "SIGTERM")))
     while step < num_steps and not progress.stopped_early:
       state, metrics_dev = task.train_step(state, next(batches), jax.random.fold_in(base_key, step))
       step += 1
@@ -124,10 +132,13 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
         writer.write_scalars(step, {f"diag/{k}": v for k, v in diag.items()}, time.time() - t_start)
       if config.train.checkpoint_every >= 0 and (
           itstime(step, config.train.checkpoint_every, num_steps) or progress.stopped_early):
-        _check_finite(state, config, ckpt)
-        writer.sync()  # every metrics row up to this step is stored before the checkpoint of it
-        ckpt.save(step, state, {"iterator": batches.get_state(),
-                                "progress": {**progress.to_json(), "train_seconds": train_seconds()}})
+        save_checkpoint()
+      if preemption.reached(step):  # after the step every process agreed on: save, then stop
+        if ckpt.latest_step() != step:
+          save_checkpoint()
+        ckpt.wait()
+        logging.warning("preempted at step %d: checkpoint saved in %s", step, ckpt.directory)
+        raise Preempted(step, ckpt.directory)
     jax.block_until_ready(state)
     segment_seconds = train_seconds() - progress.train_seconds
     progress.train_seconds = train_seconds()

@@ -1,0 +1,133 @@
+"""Preemption and kills on the sharded input path: `python -m experiments.train` sent SIGTERM at a
+random moment finishes its step, checkpoints, exits with status 75, and the same command resumes
+it to the state of an uninterrupted run (sha256 fingerprint); the same for SIGKILL (resumed from
+the last periodic checkpoint), and for two `jax.distributed` processes on loopback, of which
+only one receives SIGTERM: both stop at the same step.
+"""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from snm_jax.data import convert
+from snm_jax.train.runtime.preemption import PREEMPTED_EXIT_STATUS
+from snm_jax.train.trainer.loop import train_and_evaluate
+import run_configs
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, EVERY = 240, 40
+ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def shards_dir(tmp_path_factory):
+  out = tmp_path_factory.mktemp("preempt_shards")
+  convert.convert_synthetic(out, num_rows=3000, num_test_rows=200, num_features=2000, num_labels=200,
+                            nnz=16, num_shards=3, chunk_rows=1000)
+  return out
+
+
+def _overrides(shards: Path, mesh=(1, 1)) -> dict:
+  return {"dataset.name": "synthetic_sparse", "dataset.format": "sharded", "dataset.shards": str(shards),
+          "mesh.shape": mesh, "train.num_steps": STEPS, "train.checkpoint_every": EVERY,
+          "train.eval_every": 0, "train.log_every": EVERY, "train.keep_checkpoints": 3,
+          "eval.max_examples": 0}
+
+
+def _cmd(workdir, overrides):
+  flag = lambda v: f"({v[0]},{v[1]})" if isinstance(v, tuple) else str(v)  # noqa: E731
+  return [sys.executable, "-m", "experiments.train", "--config=experiments/configs/default.py:paper,runlocal",
+          f"--workdir={workdir}", *[f"--config.{k}={flag(v)}" for k, v in overrides.items()]]
+
+
+def _checkpoints(workdir: Path) -> list[int]:
+  d = workdir / "checkpoints"
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def _wait_for_first_checkpoint(procs, workdir, timeout=180):
+  deadline = time.time() + timeout
+  while all(p.poll() is None for p in procs) and not _checkpoints(workdir) and time.time() < deadline:
+    time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def reference(shards_dir, tmp_path_factory):
+  """The uninterrupted run, in process (the CLI runs are checked against it)."""
+  out = train_and_evaluate(run_configs.runlocal(_overrides(shards_dir)), tmp_path_factory.mktemp("ref") / "run")
+  return out["state_fingerprint"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_signal_at_a_random_moment_then_rerun_is_bitwise_identical(shards_dir, reference, tmp_path, sig):
+  rng = random.Random(31 + sig)
+  overrides = _overrides(shards_dir)
+  for trial in range(4):  # a run may finish before the signal arrives: try again
+    workdir = tmp_path / f"trial{trial}"
+    proc = subprocess.Popen(_cmd(workdir, overrides), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_first_checkpoint([proc], workdir)
+    time.sleep(rng.uniform(0.0, 2.0))
+    if proc.poll() is None:
+      proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    if proc.returncode == 0:
+      continue
+    if sig == signal.SIGTERM:
+      assert proc.returncode == PREEMPTED_EXIT_STATUS, err[-3000:]
+      step = int(err.split("checkpoint of step ")[1].split()[0])
+      assert step in _checkpoints(workdir) and 0 < step < STEPS  # the step it stopped at, saved
+      assert not (workdir / "results.json").exists()
+    else:
+      assert proc.returncode == -signal.SIGKILL
+    resumed = subprocess.run(_cmd(workdir, overrides), cwd=REPO, env=ENV, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads((workdir / "results.json").read_text())
+    assert result["steps"] == STEPS and result["state_fingerprint"] == reference
+    return
+  pytest.fail("every run finished before the signal")
+
+
+@pytest.mark.multiprocess
+def test_two_processes_stop_at_one_step_on_one_sigterm_and_resume_bitwise(shards_dir, tmp_path):
+  """2 processes x 1 CPU device, mesh (2, 1) (each process reads its half of every batch from the
+  shards); SIGTERM to process 1 only. Both exit 75 after the same checkpoint; rerun, they end on
+  the state of the uninterrupted 1-process run on the same mesh."""
+  overrides = _overrides(shards_dir, mesh=(2, 1))
+  reference = train_and_evaluate(run_configs.runlocal(overrides), tmp_path / "ref")["state_fingerprint"]
+  workdir = tmp_path / "mp"
+
+  def launch():
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    env = lambda i: {**ENV, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",  # noqa: E731
+                     "JAX_PROCESS_ID": str(i)}
+    return [subprocess.Popen(_cmd(workdir, overrides), cwd=REPO, env=env(i), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+  procs = launch()
+  _wait_for_first_checkpoint(procs, workdir)
+  time.sleep(1.0)
+  assert all(p.poll() is None for p in procs), "the run ended before the signal"
+  procs[1].send_signal(signal.SIGTERM)
+  errs = [p.communicate(timeout=300)[1] for p in procs]
+  assert [p.returncode for p in procs] == [PREEMPTED_EXIT_STATUS] * 2, [e[-2000:] for e in errs]
+  steps = {int(e.split("checkpoint of step ")[1].split()[0]) for e in errs}
+  assert len(steps) == 1 and steps.pop() in _checkpoints(workdir)
+  procs = launch()
+  errs = [p.communicate(timeout=300)[1] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errs]
+  result = json.loads((workdir / "results.json").read_text())
+  assert result["steps"] == STEPS and result["state_fingerprint"] == reference
