@@ -25,6 +25,9 @@ from snm_jax.data import records
 from snm_jax.errors import DataFormatError
 
 FORMAT_VERSION = 1
+# One record per chunk (random access reads exactly one row) and no compression: feature values are
+# float32 noise to a compressor (brotli saved 4% on synthetic rows and cost 4x the writing time).
+WRITER_OPTIONS = "group_size:1,uncompressed"
 METADATA = "metadata.json"
 TRAIN_LABEL_COUNTS = "train_label_counts.npy"
 
@@ -133,7 +136,7 @@ def write_split(out_dir, split: str, chunks: Iterable[tuple[sp.csr_matrix | np.n
   num_shards = max(1, min(num_shards, num_rows)) if num_rows else 1
   files = [f"{split}-{s:05d}-of-{num_shards:05d}.array_record" for s in range(num_shards)]
   bounds = [num_rows * (s + 1) // num_shards for s in range(num_shards)]
-  shard, writer = 0, ArrayRecordWriter(str(out_dir / files[0]), "group_size:1")
+  shard, writer = 0, ArrayRecordWriter(str(out_dir / files[0]), WRITER_OPTIONS)
   row, written, dropped = 0, 0, 0
   nnz_hist, lab_hist = [], []
   for features, labels in chunks:
@@ -149,23 +152,25 @@ def write_split(out_dir, split: str, chunks: Iterable[tuple[sp.csr_matrix | np.n
     if label_counts is not None:
       kept = labels[np.flatnonzero(keep)]
       np.add.at(label_counts, kept.indices, 1)
-    for i in range(lens.size):
-      while shard + 1 < num_shards and row >= bounds[shard]:
+    rows = np.flatnonzero(keep)
+    if dense:
+      blob = records.encode_rows(row + rows, np.concatenate([[0], np.cumsum(lens[rows])]),
+                                 labels[rows].indices, None, None, feats[rows])
+    else:
+      sub, sub_labels = feats[rows], labels[rows]
+      blob = records.encode_rows(row + rows, sub_labels.indptr, sub_labels.indices, sub.indptr,
+                                 sub.indices, sub.data)
+    for i, record in zip(rows.tolist(), blob):
+      while shard + 1 < num_shards and row + i >= bounds[shard]:
         writer.close()
         shard += 1
-        writer = ArrayRecordWriter(str(out_dir / files[shard]), "group_size:1")
-      if keep[i]:
-        lab = labels.indices[labels.indptr[i]:labels.indptr[i + 1]]
-        if dense:
-          writer.write(records.encode(row, lab, None, feats[i]))
-        else:
-          lo, hi = feats.indptr[i], feats.indptr[i + 1]
-          writer.write(records.encode(row, lab, feats.indices[lo:hi], feats.data[lo:hi]))
-        written += 1
-      row += 1
+        writer = ArrayRecordWriter(str(out_dir / files[shard]), WRITER_OPTIONS)
+      writer.write(record)
+    written += rows.size
+    row += lens.size
   writer.close()
   for s in range(shard + 1, num_shards):  # every named file exists, even if empty
-    ArrayRecordWriter(str(out_dir / files[s]), "group_size:1").close()
+    ArrayRecordWriter(str(out_dir / files[s]), WRITER_OPTIONS).close()
   if row != num_rows:
     raise ValueError(f"split {split}: the chunks held {row} rows, {num_rows} were announced")
   return SplitInfo(files=files, num_rows=written, unlabeled_rows_dropped=dropped,
