@@ -8,6 +8,13 @@
 #       --config=experiments/configs/default.py --config.mesh.shape='(-1,4)' \
 #       --workdir=/mnt/shared/snm_run1
 #
+# Training data larger than one host: convert it once into ArrayRecord shards in a bucket
+# (python -m experiments.convert --out=gs://BUCKET/DATA) and add
+#   --config.dataset.format=sharded --config.dataset.shards=gs://BUCKET/DATA
+# every worker then reads only its slice of each batch (docs/data-at-scale.md). A worker sent
+# SIGTERM (a maintenance event) checkpoints at a step all workers agree on and exits 75; rerun the
+# same command to resume.
+#
 # Every worker runs, from REPO_DIR, `$PYTHON -m MODULE ARGS... $INIT_FLAGS` via
 # `gcloud compute tpus tpu-vm ssh --worker=all`. JAX finds the coordinator,
 # the process count and this worker's id itself on TPU VMs; INIT_FLAGS makes
