@@ -58,18 +58,11 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
     sharding.check_divisible("train.batch_size", config.train.batch_size, mesh, sharding.DATA)
     task = build_task(config, mesh)
     state, batches = task.state, task.batches
-    if hasattr(batches, "close"):
-      cleanup.callback(batches.close)  # the input pipeline's threads and worker processes
+    cleanup.callback(getattr(batches, "close", lambda: None))  # the input pipeline's threads, workers
     selecting = "validation" in task.evaluators
 
     # ---- writers, checkpoints, restore ------------------------------------------
-    writer = MetricWriter(workdir, config.train.num_steps, config.train.batch_size)
-    cleanup.callback(writer.close)
-    ckpt = Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
-    cleanup.callback(ckpt.close)  # an error still commits (or waits for) the in-flight save
-    best_ckpt = Checkpointer(workdir / "best", keep=1) if selecting else None
-    if best_ckpt is not None:
-      cleanup.callback(best_ckpt.close)
+    writer, ckpt, best_ckpt = _open_run_files(config, workdir, cleanup, selecting)
     restored_step, state, progress = _restore(config, ckpt, state, batches)
     # Whatever an earlier attempt logged or selected after the starting step (0 when it was killed
     # before its first checkpoint or every checkpoint was unreadable) is redone by this run.
@@ -91,12 +84,11 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
     def train_seconds() -> float:  # all restarts, evaluations excluded
       return progress.train_seconds + time.perf_counter() - t_segment - eval_seconds_segment
 
-    def save_checkpoint():
+    def save_checkpoint():  # every metrics row up to this step is stored before the checkpoint of it
       _check_finite(state, config, ckpt)
-      writer.sync()  # every metrics row up to this step is stored before the checkpoint of it
+      writer.sync()
       ckpt.save(step, state, {"iterator": batches.get_state(),
                               "progress": {**progress.to_json(), "train_seconds": train_seconds()}})
-
     preemption = cleanup.enter_context(PreemptionWatch(config.train.get("preemption_signals", "SIGTERM")))
     while step < num_steps and not progress.stopped_early:
       state, metrics_dev = task.train_step(state, next(batches), jax.random.fold_in(base_key, step))
@@ -134,11 +126,7 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
           itstime(step, config.train.checkpoint_every, num_steps) or progress.stopped_early):
         save_checkpoint()
       if preemption.reached(step):  # after the step every process agreed on: save, then stop
-        if ckpt.latest_step() != step:
-          save_checkpoint()
-        ckpt.wait()
-        logging.warning("preempted at step %d: checkpoint saved in %s", step, ckpt.directory)
-        raise Preempted(step, ckpt.directory)
+        _stop_preempted(step, ckpt, save_checkpoint)
     jax.block_until_ready(state)
     segment_seconds = train_seconds() - progress.train_seconds
     progress.train_seconds = train_seconds()
@@ -162,6 +150,28 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
       results["state_fingerprint"] = state_fingerprint(state)
     writer.write_json("results.json", results)
   return (results, state) if return_state else results
+
+
+def _open_run_files(config, workdir, cleanup: contextlib.ExitStack, selecting: bool):
+  """(metric writer, checkpointer, best-state checkpointer or None), each closed by `cleanup`."""
+  writer = MetricWriter(workdir, config.train.num_steps, config.train.batch_size)
+  cleanup.callback(writer.close)
+  ckpt = Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+  cleanup.callback(ckpt.close)  # an error still commits (or waits for) the in-flight save
+  best_ckpt = Checkpointer(workdir / "best", keep=1) if selecting else None
+  if best_ckpt is not None:
+    cleanup.callback(best_ckpt.close)
+  return writer, ckpt, best_ckpt
+
+
+def _stop_preempted(step: int, ckpt: Checkpointer, save_checkpoint) -> None:
+  """Checkpoints `step` (unless its periodic checkpoint was just saved), waits for the commit and
+  raises Preempted (experiments.train: exit status 75)."""
+  if ckpt.latest_step() != step:
+    save_checkpoint()
+  ckpt.wait()
+  logging.warning("preempted at step %d: checkpoint saved in %s", step, ckpt.directory)
+  raise Preempted(step, ckpt.directory)
 
 
 def _start_up(startup_seconds, first_step_seconds, segment_seconds, segment_steps) -> dict:
