@@ -99,13 +99,22 @@ def test_a_signal_at_a_random_moment_then_rerun_is_bitwise_identical(shards_dir,
   pytest.fail("every run finished before the signal")
 
 
+@pytest.fixture(scope="module")
+def reference_2x1(shards_dir, tmp_path_factory):
+  """The uninterrupted 1-process run on the 2-process runs' mesh (2, 1)."""
+  config = run_configs.runlocal(_overrides(shards_dir, mesh=(2, 1)))
+  return train_and_evaluate(config, tmp_path_factory.mktemp("ref2") / "run")["state_fingerprint"]
+
+
 @pytest.mark.multiprocess
-def test_two_processes_stop_at_one_step_on_one_sigterm_and_resume_bitwise(shards_dir, tmp_path):
+@pytest.mark.parametrize("kill", ["sigterm_one", "sigkill_all"])
+def test_two_processes_resume_bitwise_after_a_sigterm_to_one_or_a_sigkill_to_all(shards_dir, reference_2x1,
+                                                                                  tmp_path, kill):
   """2 processes x 1 CPU device, mesh (2, 1) (each process reads its half of every batch from the
-  shards); SIGTERM to process 1 only. Both exit 75 after the same checkpoint; rerun, they end on
-  the state of the uninterrupted 1-process run on the same mesh."""
+  shards). SIGTERM to process 1 only: both exit 75 after the same checkpoint. SIGKILL to both (a
+  lost job): they die wherever they are. Rerun, they end on the state of the uninterrupted
+  1-process run on the same mesh."""
   overrides = _overrides(shards_dir, mesh=(2, 1))
-  reference = train_and_evaluate(run_configs.runlocal(overrides), tmp_path / "ref")["state_fingerprint"]
   workdir = tmp_path / "mp"
 
   def launch():
@@ -119,15 +128,22 @@ def test_two_processes_stop_at_one_step_on_one_sigterm_and_resume_bitwise(shards
 
   procs = launch()
   _wait_for_first_checkpoint(procs, workdir)
-  time.sleep(1.0)
+  time.sleep(random.Random(7).uniform(0.2, 1.5))
   assert all(p.poll() is None for p in procs), "the run ended before the signal"
-  procs[1].send_signal(signal.SIGTERM)
+  if kill == "sigterm_one":
+    procs[1].send_signal(signal.SIGTERM)
+  else:
+    for p in procs:
+      p.send_signal(signal.SIGKILL)
   errs = [p.communicate(timeout=300)[1] for p in procs]
-  assert [p.returncode for p in procs] == [PREEMPTED_EXIT_STATUS] * 2, [e[-2000:] for e in errs]
-  steps = {int(e.split("checkpoint of step ")[1].split()[0]) for e in errs}
-  assert len(steps) == 1 and steps.pop() in _checkpoints(workdir)
+  if kill == "sigterm_one":
+    assert [p.returncode for p in procs] == [PREEMPTED_EXIT_STATUS] * 2, [e[-2000:] for e in errs]
+    steps = {int(e.split("checkpoint of step ")[1].split()[0]) for e in errs}
+    assert len(steps) == 1 and steps.pop() in _checkpoints(workdir)
+  else:
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
   procs = launch()
   errs = [p.communicate(timeout=300)[1] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errs]
   result = json.loads((workdir / "results.json").read_text())
-  assert result["steps"] == STEPS and result["state_fingerprint"] == reference
+  assert result["steps"] == STEPS and result["state_fingerprint"] == reference_2x1
