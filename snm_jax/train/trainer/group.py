@@ -32,13 +32,12 @@ from absl import logging
 
 from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 from snm_jax.errors import ConfigError
-from snm_jax.train.core.task import state_fingerprint
-from snm_jax.train.runtime import compile_cache
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
 from snm_jax.train.runtime.progress import Progress
 from snm_jax.train.runtime.workpath import workdir_path, write_text
 from snm_jax.train.trainer import loop
 from snm_jax.train.trainer.checkpointing import Checkpointer
+from snm_jax.train.trainer.results import run_results, selection_record
 from snm_jax.train.trainer.tasks import build_task
 
 # The fields group members may differ in: values the step takes as inputs, or that only change
@@ -300,27 +299,18 @@ class CandidateGroup:
       best_ckpt.close()
     self.seconds["evaluate"] += time.perf_counter() - t0
     train_seconds = self.member_seconds[name]
-    results = {
-        **task.info, "steps": self.step, "train_seconds": train_seconds,
-        "seconds_per_step": train_seconds / max(self.step, 1),
-        "nonfinite_steps": int(to_host(last_state.nonfinite_steps)),
-        "truncation": task.batches.stats, "final": final,
-        "selected": {"step": progress.best_step, "metric": self.select_metric,
-                     "value": progress.best_value, "last_step": self.step,
-                     "last": {k: v for k, v in last.items() if isinstance(v, float)},
-                     "stopped_early": progress.stopped_early},
-        "history": progress.history, "mesh": dict(self.mesh.shape),
-        "num_processes": jax.process_count(), "train_seconds_excludes_eval": True,
-        "wall_seconds": time.perf_counter() - self.t_start,
-        # the group's: its build (data, states, evaluators), its compilations, and its steps per
-        # second after them (each step advances every member alive)
-        "startup_seconds": self.seconds["build"], "compile_seconds": self.seconds["compile"],
-        "steady_steps_per_second": self.step / self.seconds["train"] if self.seconds["train"] > 0 else None,
-        "compilation_cache": compile_cache.stats(),
-        "group": {"members": self.names, "mode": self.mode, "seconds": dict(self.seconds)},
-    }
-    if config.train.fingerprint:
-      results["state_fingerprint"] = state_fingerprint(last_state)
+    # Start-up, compilation and steps per second are the group's: its build (data, states,
+    # evaluators), its compilations, and its steps after them (each advancing every member alive).
+    results = run_results(
+        info=task.info, steps=self.step, train_seconds=train_seconds,
+        wall_seconds=time.perf_counter() - self.t_start,
+        nonfinite_steps=int(to_host(last_state.nonfinite_steps)), truncation=task.batches.stats,
+        final=final, selected=selection_record(progress, self.step, self.select_metric, last),
+        history=progress.history, mesh=self.mesh, startup_seconds=self.seconds["build"],
+        compile_seconds=self.seconds["compile"],
+        steady_steps_per_second=self.step / self.seconds["train"] if self.seconds["train"] > 0 else None,
+        state=last_state if config.train.fingerprint else None,
+        group={"members": self.names, "mode": self.mode, "seconds": dict(self.seconds)})
     self.records[name] = results
     if is_writer():
       self._write_config(name)

@@ -20,11 +20,10 @@ from snm_jax import sharding
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train.config import validation
 from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, check_resume_config
-from snm_jax.train.runtime import compile_cache
+from snm_jax.train.trainer.results import run_results, selection_record
 from snm_jax.train.runtime.host import itstime, workdir_lock
 from snm_jax.train.runtime.preemption import Preempted, PreemptionWatch
 from snm_jax.train.runtime.progress import Progress
-from snm_jax.train.core.task import state_fingerprint
 from snm_jax.train.trainer.tasks import build_task
 from snm_jax.train.runtime.workpath import workdir_path
 from snm_jax.train.runtime.writers import MetricWriter
@@ -136,18 +135,15 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
     last = last_eval[1] if last_eval is not None and last_eval[0] == step else None
     final, selected = _final_evaluation(state, step, last, evaluate, task.evaluators["test"], best_ckpt,
                                         progress, config.eval.select_metric)
-    results = {
-        **task.info, "steps": step,
-        "train_seconds": progress.train_seconds, "wall_seconds": time.time() - t_start,
-        "seconds_per_step": progress.train_seconds / max(step, 1),
-        "nonfinite_steps": _check_finite(state, config, ckpt),
-        "truncation": batches.stats, "final": final, "selected": selected, "history": progress.history,
-        "mesh": dict(mesh.shape), "num_processes": jax.process_count(),
-        "train_seconds_excludes_eval": True,
-        **_start_up(t_loop - t_start, first_step_seconds, segment_seconds, step - restored_step),
-    }
-    if config.train.fingerprint:
-      results["state_fingerprint"] = state_fingerprint(state)
+    steady = segment_seconds - (first_step_seconds or 0.0)
+    segment_steps = step - restored_step
+    results = run_results(
+        info=task.info, steps=step, train_seconds=progress.train_seconds,
+        wall_seconds=time.time() - t_start, nonfinite_steps=_check_finite(state, config, ckpt),
+        truncation=batches.stats, final=final, selected=selected, history=progress.history, mesh=mesh,
+        startup_seconds=t_loop - t_start, compile_seconds=first_step_seconds,
+        steady_steps_per_second=(segment_steps - 1) / steady if segment_steps > 1 and steady > 0 else None,
+        state=state if config.train.fingerprint else None)
     writer.write_json("results.json", results)
   return (results, state) if return_state else results
 
@@ -172,16 +168,6 @@ def _stop_preempted(step: int, ckpt: Checkpointer, save_checkpoint) -> None:
   ckpt.wait()
   logging.warning("preempted at step %d: checkpoint saved in %s", step, ckpt.directory)
   raise Preempted(step, ckpt.directory)
-
-
-def _start_up(startup_seconds, first_step_seconds, segment_seconds, segment_steps) -> dict:
-  """What this process's start cost next to its steady steps (results.json): start-up before the
-  loop (data, state, evaluators), compilation (the first step's wall time: its compile and one
-  step), the steps per second after it, and the persistent compilation cache's hits and misses."""
-  steady = segment_seconds - (first_step_seconds or 0.0)
-  return {"startup_seconds": startup_seconds, "compile_seconds": first_step_seconds,
-          "steady_steps_per_second": (segment_steps - 1) / steady if segment_steps > 1 and steady > 0 else None,
-          "compilation_cache": compile_cache.stats()}
 
 
 def _restore(config, ckpt: Checkpointer, state, batches):
@@ -284,10 +270,7 @@ def _final_evaluation(state, step, last_eval, evaluate, evaluate_test, best_ckpt
   last_test = {k: v for k, v in last_eval.items() if not k.startswith("val/")}
   if best_ckpt is None:
     return last_test, {"step": step, "metric": None, "value": None}
-  selected = {"step": progress.best_step, "metric": select_metric,
-              "value": progress.best_value, "last_step": step,
-              "last": {k: v for k, v in last_test.items() if isinstance(v, float)},
-              "stopped_early": progress.stopped_early}
+  selected = selection_record(progress, step, select_metric, last_test)
   if progress.best_step == step:
     return last_test, selected
   best_ckpt.wait()
