@@ -17,6 +17,7 @@ keeps its choice -- go on; the others stop (eliminated.json) and are never evalu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -26,7 +27,7 @@ from absl import logging
 from snm_jax.errors import NonFiniteLossError
 from snm_jax.train.recipes import reuse
 from snm_jax.train.trainer import checkpointing
-from snm_jax.train.runtime.host import is_writer
+from snm_jax.train.runtime.host import is_writer, workdir_lock
 from snm_jax.train.runtime.workpath import write_text
 from snm_jax.train.trainer import group as group_lib
 from snm_jax.train.trainer import loop
@@ -108,52 +109,56 @@ def train(recipe_config, members, mesh) -> dict:
       groups.setdefault(key, []).append(member)
   if not groups:
     return out
-  built = []
-  for group_members in groups.values():
-    logging.info("[candidates] training %d as one program: %s", len(group_members),
-                 sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
-    mode = recipe_config.recipe.get("group_mode", "auto")
-    built.append((group_members, group_lib.CandidateGroup(
-        [(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh, None if mode == "auto" else mode)))
-  eta = int(recipe_config.recipe.get("halving", 0))
-  ensemble = int(recipe_config.recipe.get("ensemble", 1))
-  keep_at_least = max(ensemble, 1) if ensemble > 0 else len(members)
-  candidates = list(dict.fromkeys(m[0] for m in members))
-  _, longest = max(((g.num_steps, g) for _, g in built), key=lambda x: x[0])
-  for rung in rung_steps(longest.num_steps, eta, int(recipe_config.recipe.get("rungs", 1)), longest.eval_every):
-    for _, g in built:
-      g.advance(rung)
-    records = {**out, **{(n, s): g.records[f"{n}@{s}"] for ms, g in built for n, s, _, _ in ms
-                         if f"{n}@{s}" in g.records}}
-    _stop_diverged_siblings(built, records)
-    values, done_elsewhere = {}, 0
-    for name in candidates:
-      mine = [(s, g) for ms, g in built for n, s, _, _ in ms if n == name and f"{n}@{s}" in g.alive]
-      if mine and all(g.best_value(f"{name}@{s}") is not None for s, g in mine) and not any(
-          (name, s) in records for ms, _ in built for n, s, _, _ in ms if n == name):
-        values[name] = float(np.mean([g.best_value(f"{name}@{s}") for s, g in mine]))
-      elif any("diverged" not in r and r.get("eliminated", {}).get("rung_step", rung + 1) > rung
-               for (n, _), r in records.items() if n == name):
-        done_elsewhere += 1  # passed this rung in an earlier attempt (finished, or stopped later)
-    # An earlier, interrupted attempt already ranked this rung: the candidates it let through count
-    # among the kept, those it stopped here among the ranked, so a rerun keeps the same ones.
-    stopped_here = {n for (n, _), r in records.items()
-                    if r.get("eliminated", {}).get("rung_step") == rung}
-    keep = keep_count(len(values) + done_elsewhere + len(stopped_here), eta, keep_at_least) - done_elsewhere
-    keep_names = set(survivors(values, max(keep, 0)))
-    dropped = [n for n in values if n not in keep_names]
-    if dropped:
-      logging.info("[candidates] successive halving at step %d: %d of %d go on (%s); stopped: %s",
-                   rung, len(keep_names), len(values), sorted(keep_names), dropped)
-    for n in dropped:
-      reason = {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep_names),
-                "candidates_ranked": len(values), "candidate_value": values[n]}
-      for group_members, g in built:
-        g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
-  for group_members, g in built:
-    g.finish()
-    for n, s, _, _ in group_members:
-      out[(n, s)] = g.records[f"{n}@{s}"]
+  # Each member's workdir is locked while its group trains, as `train_and_evaluate` locks a run's.
+  with contextlib.ExitStack() as locks:
+    for member in (m for ms in groups.values() for m in ms):
+      locks.enter_context(workdir_lock(member[3]))
+    built = []
+    for group_members in groups.values():
+      logging.info("[candidates] training %d as one program: %s", len(group_members),
+                   sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
+      mode = recipe_config.recipe.get("group_mode", "auto")
+      built.append((group_members, group_lib.CandidateGroup(
+          [(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh, None if mode == "auto" else mode)))
+    eta = int(recipe_config.recipe.get("halving", 0))
+    ensemble = int(recipe_config.recipe.get("ensemble", 1))
+    keep_at_least = max(ensemble, 1) if ensemble > 0 else len(members)
+    candidates = list(dict.fromkeys(m[0] for m in members))
+    _, longest = max(((g.num_steps, g) for _, g in built), key=lambda x: x[0])
+    for rung in rung_steps(longest.num_steps, eta, int(recipe_config.recipe.get("rungs", 1)), longest.eval_every):
+      for _, g in built:
+        g.advance(rung)
+      records = {**out, **{(n, s): g.records[f"{n}@{s}"] for ms, g in built for n, s, _, _ in ms
+                           if f"{n}@{s}" in g.records}}
+      _stop_diverged_siblings(built, records)
+      values, done_elsewhere = {}, 0
+      for name in candidates:
+        mine = [(s, g) for ms, g in built for n, s, _, _ in ms if n == name and f"{n}@{s}" in g.alive]
+        if mine and all(g.best_value(f"{name}@{s}") is not None for s, g in mine) and not any(
+            (name, s) in records for ms, _ in built for n, s, _, _ in ms if n == name):
+          values[name] = float(np.mean([g.best_value(f"{name}@{s}") for s, g in mine]))
+        elif any("diverged" not in r and r.get("eliminated", {}).get("rung_step", rung + 1) > rung
+                 for (n, _), r in records.items() if n == name):
+          done_elsewhere += 1  # passed this rung in an earlier attempt (finished, or stopped later)
+      # An earlier, interrupted attempt already ranked this rung: the candidates it let through count
+      # among the kept, those it stopped here among the ranked, so a rerun keeps the same ones.
+      stopped_here = {n for (n, _), r in records.items()
+                      if r.get("eliminated", {}).get("rung_step") == rung}
+      keep = keep_count(len(values) + done_elsewhere + len(stopped_here), eta, keep_at_least) - done_elsewhere
+      keep_names = set(survivors(values, max(keep, 0)))
+      dropped = [n for n in values if n not in keep_names]
+      if dropped:
+        logging.info("[candidates] successive halving at step %d: %d of %d go on (%s); stopped: %s",
+                     rung, len(keep_names), len(values), sorted(keep_names), dropped)
+      for n in dropped:
+        reason = {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep_names),
+                  "candidates_ranked": len(values), "candidate_value": values[n]}
+        for group_members, g in built:
+          g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
+    for group_members, g in built:
+      g.finish()
+      for n, s, _, _ in group_members:
+        out[(n, s)] = g.records[f"{n}@{s}"]
   return out
 
 
