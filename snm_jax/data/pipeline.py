@@ -364,6 +364,9 @@ class SparseBatcher:
     """(this process's slice of global batch `step`, its truncation counts)."""
     steps = self.steps_per_epoch()
     epoch, position = divmod(step, steps)
+    # This process's rows of the global batch, cut here rather than by Grain's ShardByJaxProcess,
+    # which gives each process its own shard of the examples: the global batches would then depend
+    # on the number of processes, and a checkpoint would not resume bit-identically on another.
     n, m = self.local_batch_size, self.num_examples
     lo = min(position * self.global_batch_size + self.process_index * n, m)
     hi = min(lo + n, (position + 1) * self.global_batch_size, m)
