@@ -7,7 +7,7 @@
 #       [--log-dir DIR] [--timeout SECONDS] [--dry-run] -- MODULE [ARGS...]
 #
 #   launch/local_multiprocess.sh 2 --devices-per-process 2 -- experiments.train \
-#       --config=experiments/configs/default.py:runlocal --config.mesh.shape='(2,2)' \
+#       --config=experiments/configs/default.py:paper,runlocal --config.mesh.shape='(2,2)' \
 #       --workdir=/tmp/snm_mp
 #
 # Process i runs `$PYTHON -m MODULE ARGS...` with

@@ -1,12 +1,13 @@
-"""The small training runs the tests launch: `experiments/configs/default.py:runlocal` plus dotted overrides."""
+"""The small training runs the tests launch: `experiments/configs/default.py:paper,runlocal` (a plain run,
+the papers' settings shrunk) plus dotted overrides."""
 
 from experiments.configs import default, xmc
 from snm_jax.train.config.overrides import apply_overrides
 
 
 def runlocal(overrides=None, **more):
-  """default.py:runlocal with the dotted `overrides` and then `more` ({"section.field": value} each)."""
-  return apply_overrides(default.get_config("runlocal"),
+  """default.py:paper,runlocal with the dotted `overrides` and then `more` ({"section.field": value} each)."""
+  return apply_overrides(default.get_config("paper,runlocal"),
                          {**(overrides or {}), **more})
 
 

@@ -230,7 +230,7 @@ def test_train_py_stops_on_a_malformed_file_with_one_line_naming_it(tmp_path):
   args = [f"--config.dataset.files.{s}_{w}={tmp_path / f'{s}_{a}'}"
           for s in ("train", "test") for w, a in (("features", "x.npy"), ("labels", "y.npz"))]
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.train", "--config=experiments/configs/default.py:runlocal",
+      [sys.executable, "-m", "experiments.train", "--config=experiments/configs/default.py:paper,runlocal",
        "--config.dataset.name=files", "--config.model.kind=mlp", "--config.mesh.shape=(1,1)", *args,
        f"--workdir={tmp_path / 'run'}"],
       cwd=REPO, capture_output=True, text=True, timeout=120)

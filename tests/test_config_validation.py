@@ -112,7 +112,7 @@ BAD = [
 
 
 def config(overrides):
-  c = default.get_config("runlocal")
+  c = default.get_config("paper,runlocal")
   c.dataset.name = "synthetic"
   return apply_overrides(c, overrides)
 
@@ -187,7 +187,7 @@ def test_renamed_field_is_refused_with_its_new_name(old, value, new):
 def test_saved_config_with_old_names_is_compared_under_the_new_ones():
   import json  # pylint: disable=g-import-not-at-top
   from snm_jax.train.trainer import checkpointing  # pylint: disable=g-import-not-at-top
-  new = json.loads(default.get_config().to_json_best_effort())
+  new = json.loads(default.get_config("paper").to_json_best_effort())
   saved = json.loads(json.dumps(new))
   saved["loss"]["scale"] = saved["loss"].pop("logit_scale")
   saved["mining"]["scale"] = saved["mining"].pop("vartheta_norm")
@@ -215,7 +215,7 @@ def _cli(*args, module="experiments.train"):
     ("--config.loss.scale=2", "loss.scale", "renamed to loss.logit_scale"),
 ])
 def test_cli_prints_one_line_and_exits_2(tmp_path, override, field, words):
-  proc, seconds = _cli("--config=experiments/configs/default.py:runlocal", override,
+  proc, seconds = _cli("--config=experiments/configs/default.py:paper,runlocal", override,
                        f"--workdir={tmp_path / 'run'}")
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

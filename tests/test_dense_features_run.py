@@ -31,7 +31,7 @@ def _write_clusters(root, k=K, d=D, n_train=2000, n_test=500, noise=1.0, seed=0)
 
 
 def _config(root, **overrides):
-  c = default.get_config("runlocal")
+  c = default.get_config("paper,runlocal")
   files = {f"dataset.files.{split}_{what}": str(root / f"{split}_{suffix}")
            for split in ("train", "test") for what, suffix in (("features", "x.npy"), ("labels", "y.npz"))}
   base = {"dataset.name": "files", **files, "model.kind": "mlp", "mesh.shape": (1, 1),

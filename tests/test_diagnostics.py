@@ -128,7 +128,7 @@ def test_diagnostics_are_logged_and_leave_the_run_unchanged(tmp_path):
   from snm_jax.train.trainer.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   fingerprints = []
   for every in (0, 10):
-    config = default.get_config("runlocal")
+    config = default.get_config("paper,runlocal")
     config.dataset.name = "synthetic"
     config.dataset.synthetic.num_labels = 512
     config.dataset.synthetic.num_train = 2000

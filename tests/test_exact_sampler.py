@@ -152,7 +152,7 @@ def test_lemma2_holds_for_exact_draws_not_for_draws_with_replacement(kind, k):
 def test_config_builds_the_exact_sampler_and_validates_b_against_k():
   from experiments.configs import default  # pylint: disable=g-import-not-at-top
   from snm_jax.train.config import builders, validation  # pylint: disable=g-import-not-at-top
-  c = default.get_config("runlocal")
+  c = default.get_config("paper,runlocal")
   c.mining.sampler, c.mining.num_samples, c.mining.k = "exact", 16, 4
   validation.validate(c, 40)
   sampler, cdf = builders.make_sampler(c, 40)

@@ -45,7 +45,7 @@ def _flag(value) -> str:
 
 
 def _cmd(workdir):
-  return [sys.executable, "-m", "experiments.train", "--config=experiments/configs/default.py:runlocal",
+  return [sys.executable, "-m", "experiments.train", "--config=experiments/configs/default.py:paper,runlocal",
           f"--workdir={workdir}", *[f"--config.{k}={_flag(v)}" for k, v in OVERRIDES.items()]]
 
 

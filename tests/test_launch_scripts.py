@@ -52,7 +52,7 @@ def test_scripts_are_valid_executable_bash(script):
 # ---------------------------------------------------------------------------
 
 def test_local_dry_run_command_lines():
-  args = ["--config=experiments/configs/default.py:runlocal", "--config.mesh.shape=(2, 2)",
+  args = ["--config=experiments/configs/default.py:paper,runlocal", "--config.mesh.shape=(2, 2)",
           "--workdir=/tmp/a dir"]
   out = run(LOCAL, 3, "--devices-per-process", 2, "--port=4567", "--log-dir", "/tmp/logs",
             "--dry-run", "--", "-m", "experiments.train", *args,

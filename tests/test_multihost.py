@@ -45,7 +45,7 @@ def _launch(mesh_shape, workdir: Path) -> subprocess.Popen:
   flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   cmd = ["bash", str(LAUNCH), "2", "--devices-per-process", "2", "--timeout", "240",
          "--log-dir", str(workdir.parent / f"{workdir.name}_logs"), "--",
-         "experiments.train", "--config=experiments/configs/default.py:runlocal",
+         "experiments.train", "--config=experiments/configs/default.py:paper,runlocal",
          f"--config.mesh.shape=({mesh_shape[0]},{mesh_shape[1]})", *flags, f"--workdir={workdir}"]
   env = {**os.environ, "PYTHON": sys.executable}
   return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

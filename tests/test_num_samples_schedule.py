@@ -25,7 +25,7 @@ K = 256  # accidental hits are rare: the valid negatives of a step are ~B
 
 
 def config(**overrides):
-  c = default.get_config("runlocal")
+  c = default.get_config("paper,runlocal")
   base = {"dataset.name": "synthetic", "dataset.synthetic.num_labels": K,
           "dataset.synthetic.num_train": 512, "dataset.synthetic.num_test": 64,
           "dataset.synthetic.dim": 16, "mesh.shape": (1, 2), "mining.num_strata": 8, "mining.k": 4,

@@ -168,7 +168,7 @@ def test_cli_on_a_workdir_in_use_exits_with_one_line(tmp_path):
   try:
     assert holder.stdout.readline().strip() == "locked"
     proc = subprocess.run([sys.executable, "-m", "experiments.train",
-                           "--config=experiments/configs/default.py:runlocal", f"--workdir={wd}"],
+                           "--config=experiments/configs/default.py:paper,runlocal", f"--workdir={wd}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
   finally:
     holder.kill()

@@ -135,7 +135,7 @@ def test_test_split_larger_than_the_training_one_is_an_error(tmp_path, test_d, t
 def test_train_py_exits_with_one_line_naming_the_field(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.train",
-       "--config=experiments/configs/default.py:runlocal", "--config.dataset.name=bibtx",
+       "--config=experiments/configs/default.py:paper,runlocal", "--config.dataset.name=bibtx",
        f"--workdir={tmp_path / 'run'}"],
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0
