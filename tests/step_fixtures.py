@@ -35,6 +35,17 @@ def loss_spec(kind="bowl", k=4, vartheta=None, reduction="mean", k_prime=0):
                   tail=float(tail), reduction=reduction, k_prime=k_prime)
 
 
+def commit(state, mesh):
+  """`state` placed as the trainer's loop places it (classification.py's init): every leaf not
+  already on a mesh sharding replicated over `mesh`. A state left on the host is committed to
+  devices by the first step, whose output shardings then differ from its inputs' and compile the
+  step a second time; committed, the step compiles once (same values, same program)."""
+  replicated = sharding.named(mesh, sharding.REPLICATED)
+  return jax.tree.map(
+      lambda x: x if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+      else jax.device_put(x, replicated), state)
+
+
 def make(mesh_shape, *, per_example=False, spec=None, row_opt="sgd", table_lr=0.5, tower_lr=0.1,
          sampler=None):
   """A toy step on `mesh_shape`; `sampler` (default: the stratified one of `per_example`) may be
@@ -50,6 +61,7 @@ def make(mesh_shape, *, per_example=False, spec=None, row_opt="sgd", table_lr=0.
       table=jax.device_put(table, sharding.named(mesh, sharding.TABLE)),
       table_state=jax.tree.map(lambda x: jax.device_put(x, sharding.named(mesh, jax.P(sharding.MODEL))),
                                ropt.init(K, H)))
+  state = commit(state, mesh)
   sampler = sampler or StratifiedSampler(K, B, num_strata=V, per_example=per_example)
   step = make_train_step(tower_apply=model.apply, tx=tx, row_opt=ropt, table_lr=lambda s: table_lr,
                          sampler=sampler, loss=spec or loss_spec(), mesh=mesh,

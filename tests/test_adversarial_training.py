@@ -15,7 +15,7 @@ from snm_jax.models.towers import SNMTower
 from snm_jax.train.core import row_optimizers
 from snm_jax.train.trainer.loop import train_and_evaluate
 from snm_jax.train.core.step import LossSpec, TrainState, make_train_step
-from step_fixtures import D, H, K, N, toy_batch
+from step_fixtures import D, H, K, N, commit, toy_batch
 
 
 def _tree_sampler(num_samples):
@@ -36,6 +36,7 @@ def _run(mesh_shape, kind, steps=3):
       table=jax.device_put(jax.random.normal(jax.random.key(1), (K, H)),
                                           sharding.named(mesh, sharding.TABLE)),
       table_state=jax.device_put(ropt.init(K, H), sharding.named(mesh, jax.P(sharding.MODEL))))
+  state = commit(state, mesh)
   spec = LossSpec(kind=kind, lam=0.01) if kind != "bowl" else LossSpec(
       kind="bowl", phi=lambda u: jnp.maximum(1 - u, 0), head_minus_tail=(1.0, 1.0), tail=0.0)
   step = make_train_step(tower_apply=model.apply, tx=tx, row_opt=ropt, table_lr=lambda s: 0.5,

@@ -36,6 +36,7 @@ from snm_jax.train.trainer.loop import train_and_evaluate
 from snm_jax.train.core.step import (LossSpec, SparseInputTrainState, TrainState, make_loss_and_grads,
                                 make_train_step)
 import run_configs
+from step_fixtures import commit
 
 K, D, H, N, B, NNZ, V = 64, 100, 16, 16, 16, 6, 8
 SCALE = 8.0  # loss.logit_scale of the small configs
@@ -152,6 +153,7 @@ def _table_step(mesh_shape, table_dtype, row_opt="momentum", rounding="nearest",
                                table_dtype)
   state = TrainState.create(params=params, opt_state=tx.init(params), table=rows(table),
                             table_state=jax.tree.map(rows, ropt.init(K, H)))
+  state = commit(state, mesh)
   step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda s: 0.5,
                          sampler=StratifiedSampler(K, B, num_strata=V), loss=_spec("bowl"), mesh=mesh,
                          normalize_classes=True, donate=False, compute_dtype=compute,

@@ -14,7 +14,7 @@ from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.models.towers import LinearQuery, SNMTower, WideDeepQuery
 from snm_jax.train.core import row_optimizers
 from snm_jax.train.core.step import LossSpec, TrainState, make_train_step
-from step_fixtures import B, D, H, K, N, V, loss_spec, make, toy_batch
+from step_fixtures import B, D, H, K, N, V, commit, loss_spec, make, toy_batch
 
 KEY = jax.random.key(7)
 TABLE_LR = 0.5
@@ -35,6 +35,7 @@ def build(mesh_shape=(1, 1), *, model=None, dim=H, row_opt="sgd", weight_decay=0
       table=jax.device_put(table, sharding.named(mesh, sharding.TABLE)),
       table_state=jax.tree.map(lambda x: jax.device_put(x, sharding.named(mesh, jax.P(sharding.MODEL))),
                                ropt.init(K, dim)))
+  state = commit(state, mesh)
   sampler = StratifiedSampler(K, B, num_strata=V, per_example=per_example)
   step = make_train_step(tower_apply=model.apply, tx=tx, row_opt=ropt, table_lr=table_lr, sampler=sampler,
                          loss=spec or loss_spec(), mesh=mesh, normalize_classes=normalize, donate=False,
