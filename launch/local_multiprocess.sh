@@ -15,8 +15,10 @@
 #   JAX_COORDINATOR_ADDRESS=127.0.0.1:P, JAX_NUM_PROCESSES=N, JAX_PROCESS_ID=i
 # (read by snm_jax/train/runtime/distributed.py), and logs to DIR/process_i.log.
 # The script waits for all processes; as soon as one fails it kills the others
-# and exits with that process's status (124 on --timeout). A leading `-m`
-# after `--` is accepted and ignored.
+# and exits with that process's status (124 on --timeout). A process that exits
+# 75 (preempted: it checkpointed) does not stop the others; SIGTERM to the script
+# is passed on to every process; the script then exits 75 once all have ended.
+# A leading `-m` after `--` is accepted and ignored.
 #
 # Environment: PYTHON (default: python3).
 set -euo pipefail
@@ -115,7 +117,10 @@ kill_all() {  # TERM, then KILL after a grace period; only our own children, by 
   for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
-trap 'kill_all; exit 130' INT TERM
+trap 'kill_all; exit 130' INT
+# A preemption notice (SIGTERM) is passed on to every process, which checkpoints and exits 75.
+trap 'for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done' TERM
+PREEMPTED=0
 
 echo "local_multiprocess.sh: $NUM_PROCESSES processes x $DEVICES CPU devices, coordinator" \
   "127.0.0.1:$PORT, logs in $LOG_DIR" >&2
@@ -137,7 +142,10 @@ while (( ${#REMAINING[@]} )); do
       continue
     fi
     rc=0; wait "$pid" || rc=$?
-    if (( rc != 0 )); then
+    if (( rc == 75 )); then  # preempted after its checkpoint: the others are finishing theirs
+      echo "local_multiprocess.sh: process $idx (pid $pid) was preempted (status 75)" >&2
+      PREEMPTED=1
+    elif (( rc != 0 )); then
       echo "local_multiprocess.sh: process $idx (pid $pid) failed with status $rc;" \
         "stopping the others. Last lines of $LOG_DIR/process_$idx.log:" >&2
       tail -n 30 "$LOG_DIR/process_$idx.log" >&2 || true
@@ -153,4 +161,8 @@ while (( ${#REMAINING[@]} )); do
   fi
   (( ${#REMAINING[@]} )) && sleep 0.2
 done
+if (( PREEMPTED )); then
+  echo "local_multiprocess.sh: preempted; run the same command again to resume" >&2
+  exit 75
+fi
 echo "local_multiprocess.sh: all $NUM_PROCESSES processes finished successfully" >&2

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -162,6 +163,34 @@ def test_local_failure_kills_the_others_and_propagates_the_status(tmp_path):
   assert "process 1" in out.stderr and "failed with status 3" in out.stderr
   survivor = int((tmp_path / "pid_0").read_text())
   assert not _alive(survivor)
+
+
+PREEMPTED = """import os, pathlib, signal, sys, time
+i = os.environ["JAX_PROCESS_ID"]
+pathlib.Path("pid_" + i).write_text(str(os.getpid()))
+def on_term(*_):  # as experiments.train: checkpoint (here: a marker, after a while), then exit 75
+  time.sleep(1.0)
+  pathlib.Path("saved_" + i).write_text("1")
+  sys.exit(75)
+signal.signal(signal.SIGTERM, on_term)
+time.sleep(60)
+"""
+
+
+def test_local_passes_sigterm_on_and_waits_for_every_preempted_process(tmp_path):
+  (tmp_path / "preempted.py").write_text(PREEMPTED)
+  env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+  proc = subprocess.Popen(["bash", str(LOCAL), "2", "--log-dir", str(tmp_path / "logs"), "--", "preempted"],
+                          cwd=tmp_path, env={**env, "PYTHON": sys.executable}, stderr=subprocess.PIPE,
+                          text=True)
+  deadline = time.monotonic() + 30
+  while not all((tmp_path / f"pid_{i}").exists() for i in range(2)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=30)
+  assert proc.returncode == 75, err
+  assert all((tmp_path / f"saved_{i}").exists() for i in range(2))  # both finished their "checkpoint"
+  assert "preempted; run the same command again" in err
 
 
 def test_local_timeout_stops_everything(tmp_path):
