@@ -39,6 +39,7 @@ import time
 from absl import app, flags, logging
 from etils import epath
 
+from experiments import compile_cache_flag
 from experiments.sweeps.spec import (ARCHIVE, Point, Sweep, apply_overrides, load_config, load_sweep, merge_sweeps,
                                      read_archive)
 from snm_jax.errors import ConfigError, SnmJaxError
@@ -59,8 +60,6 @@ _CLEAN = flags.DEFINE_bool("clean_checkpoints", False, "Delete a run's checkpoin
 _TREE_CACHE = flags.DEFINE_string("tree_cache", "default", "Folder of fitted adversarial trees shared by "
                                   "the runs (snm_jax.adversarial.cache; 'default': WORKDIR/tree_cache; "
                                   "'none': off).")
-_CACHE = flags.DEFINE_string("compilation_cache", "default", "JAX persistent compilation cache "
-                             "folder shared by the runs ('default': WORKDIR/jax_cache; 'none': off).")
 
 
 def run_dir(workdir, point: Point, seed: int) -> epath.Path:
@@ -309,9 +308,11 @@ def _main(argv):
     return
   from snm_jax.train.runtime import quiet_logs  # pylint: disable=g-import-not-at-top
   quiet_logs.install()
-  cache = _CACHE.value
-  if cache != "none":
-    use_compilation_cache(workdir_path(_WORKDIR.value) / "jax_cache" if cache == "default" else cache)
+  # The one --compilation_cache flag (experiments/compile_cache_flag.py); a sweep's default is its own
+  # folder, WORKDIR/jax_cache, shared by its runs; '' = off.
+  cache = compile_cache_flag.COMPILATION_CACHE.value
+  if cache != "":
+    use_compilation_cache(workdir_path(_WORKDIR.value) / "jax_cache" if cache is None else cache)
   if _tree_cache_dir() is not None:
     from snm_jax.adversarial import cache as tree_cache  # pylint: disable=g-import-not-at-top
     tree_cache.use_tree_cache(_tree_cache_dir())

@@ -1,6 +1,7 @@
-"""The `--compilation_cache` flag of experiments.train and experiments.demo (ablate has its own,
-WORKDIR/jax_cache by default, through the same module): JAX's persistent
-compilation cache (snm_jax/train/runtime/compile_cache.py), on by default."""
+"""The `--compilation_cache` flag of experiments.train, experiments.demo and experiments.ablate (one
+definition, so the apps can be imported together): JAX's persistent compilation cache
+(snm_jax/train/runtime/compile_cache.py), on by default. ablate's default folder is the sweep's own,
+WORKDIR/jax_cache."""
 
 from absl import flags
 
@@ -8,7 +9,7 @@ COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", None,
     "Folder of JAX's persistent compilation cache: a rerun of the same shapes loads its compiled "
     "programs instead of compiling. Default: $JAX_COMPILATION_CACHE_DIR, else "
-    "~/.cache/snm_jax/jax_compilation_cache; '' = off.")
+    "~/.cache/snm_jax/jax_compilation_cache (experiments.ablate: WORKDIR/jax_cache); '' = off.")
 
 
 def enable() -> str:

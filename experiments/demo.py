@@ -30,9 +30,14 @@ from snm_jax.train.recipes import runs
 from snm_jax.train.runtime.plots import plot_learning_curves
 from snm_jax.train.runtime.workpath import workdir_path
 
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/snm_jax_demo", "Output folder.")
-_STEPS = flags.DEFINE_integer("steps", None, "Override train.num_steps of every method.")
-_DATASET = flags.DEFINE_string("dataset", None, "Override dataset.name (default: bibtex).")
+
+
+def _define_flags():
+  """Defined only when run as a program (tests import this module beside other absl apps)."""
+  flags.DEFINE_string("workdir", "/tmp/snm_jax_demo", "Output folder.")
+  flags.DEFINE_integer("steps", None, "Override train.num_steps of every method.")
+  flags.DEFINE_string("dataset", None, "Override dataset.name (default: bibtex).")
+
 
 # The Table 2 methods on default.py's tower: the papers' SNM loss (BOWL with the hinge) over B = 64
 # uniform negatives (the papers' Bibtex setting, snm.py:bibtex) in place of default.py's softmax.
@@ -56,15 +61,15 @@ def method_config(overrides):
   for key, value in overrides.items():
     section, field = key.split(".")
     c[section][field] = value
-  if _STEPS.value is not None:
-    c.train.num_steps = _STEPS.value
-  if _DATASET.value is not None:
-    c.dataset.name = _DATASET.value
+  if flags.FLAGS.steps is not None:
+    c.train.num_steps = flags.FLAGS.steps
+  if flags.FLAGS.dataset is not None:
+    c.dataset.name = flags.FLAGS.dataset
   return c
 
 
 def recipe_config():
-  return xmc.get_config(_DATASET.value or "bibtex")
+  return xmc.get_config(flags.FLAGS.dataset or "bibtex")
 
 
 def peer_rows(dataset: str) -> tuple[dict, str]:
@@ -96,7 +101,7 @@ def main(argv):
   del argv
   quiet_logs.install()
   compile_cache_flag.enable()
-  root = workdir_path(_WORKDIR.value)  # local, or any URI etils.epath reads (gs://...)
+  root = workdir_path(flags.FLAGS.workdir)  # local, or any URI etils.epath reads (gs://...)
   root.mkdir(parents=True, exist_ok=True)
   results = {}
   for name, overrides in METHODS.items():
@@ -123,4 +128,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

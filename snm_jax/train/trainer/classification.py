@@ -46,8 +46,8 @@ class GlobalBatches:
   def get_state(self) -> dict:
     return self.batcher.get_state()
 
-  def close(self) -> None:
-    self.batcher.close()
+  def close(self) -> None:  # the input pipeline's threads and workers, where it has any
+    getattr(self.batcher, "close", lambda: None)()
 
   def set_state(self, state: dict) -> None:
     self.batcher.set_state(state)
