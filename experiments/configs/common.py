@@ -455,6 +455,24 @@ def one_of(name: str, value: str, allowed) -> str:
   return value
 
 
+def derive_from_data(c):
+  """The fields a recipe fills from the training data's statistics (recipes.derive), left at their
+  "auto" / -1 placeholders, and the cadences and schedule of its runs (xmc.py, default.py)."""
+  c.model.bag_matmul = "auto"
+  c.optimizer.learning_rate = 0.05
+  c.loss.kind = "auto"
+  c.mining.sampler = "auto"
+  c.mining.num_samples = -1
+  c.train.batch_size = -1
+  c.train.num_steps = -1
+  c.train.eval_every = -1
+  c.train.checkpoint_every = 500
+  c.train.log_every = 100
+  c.table.learning_rate = -1.0
+  c.table.decay = "cosine"
+  return c
+
+
 def finish(c, args, small=apply_runlocal):
   """Common tail of every config: with `runlocal` the small variant (`small(c)`), then lock."""
   if args.runlocal:

@@ -60,22 +60,10 @@ def tower(c):
   # steps again (~1.6x the time).
   c.recipe.refit = True
   c.model.kind = "snm_tower"
-  c.model.bag_matmul = "auto"
   for field, value in TOWER.items():
     section, name = field.split(".")
     c[section][name] = value
-  c.optimizer.learning_rate = 0.05
-  c.loss.kind = "auto"
-  c.mining.sampler = "auto"
-  c.mining.num_samples = -1
-  c.train.batch_size = -1
-  c.train.num_steps = -1
-  c.train.eval_every = -1
-  c.train.checkpoint_every = 500
-  c.train.log_every = 100
-  c.table.learning_rate = -1.0
-  c.table.decay = "cosine"
-  return c
+  return common.derive_from_data(c)
 
 
 def small(c):

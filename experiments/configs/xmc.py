@@ -88,24 +88,13 @@ def get_config(arg: str = ""):
   # instead costs P@5 on both (Bibtex 27.98, Delicious 58.59).
   c.recipe.logit_adjust = ""
   c.model.kind = common.one_of("model", args.model, MODELS)
-  c.model.bag_matmul = "auto"
   # The query tower's width and dropout, per model kind (recipes.KIND_SETTINGS): wide_deep 256/128
   # with dropout 0.3 (0.3 and 0.5 within noise on the Bibtex and Delicious validation splits), the SNM
   # tower alone 1024/512 with dropout 0.5 and scores x20.
   c.model.hidden = -1
   c.model.out = -1
   c.model.dropout = -1.0
-  c.optimizer.learning_rate = 0.05
-  c.loss.kind = "auto"
-  c.mining.sampler = "auto"
-  c.mining.num_samples = -1
   c.loss.logit_scale = -1.0
-  c.train.batch_size = -1
-  c.train.num_steps = -1
-  c.train.eval_every = -1
-  c.train.checkpoint_every = 500
-  c.table.learning_rate = -1.0
-  c.table.decay = "cosine"
-  c.train.log_every = 100
+  common.derive_from_data(c)
   c.train.fingerprint = False
   return common.finish(c, args, small)
