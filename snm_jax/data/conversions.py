@@ -13,6 +13,8 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
+from snm_jax.data import records
+
 Examples = tuple[np.ndarray, np.ndarray]
 
 
@@ -67,8 +69,7 @@ def choose_positive(name: str, starts: np.ndarray, lens: np.ndarray, label_ids: 
   if name == "smallest_label_drop_empty":
     if not lens.size:
       return np.zeros(0, np.int32)
-    flat = label_ids[np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-                     + np.arange(int(lens.sum()))]
+    flat = label_ids[records.ranges(starts, lens)]
     return np.minimum.reduceat(flat, np.concatenate([[0], np.cumsum(lens)[:-1]])).astype(np.int32)
   raise ValueError(f"{name!r} is not a per-row conversion; those are {PER_ROW}")
 

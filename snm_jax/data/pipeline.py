@@ -91,9 +91,10 @@ class ShardedRows:
   """Rows of one split of a converted dataset (`snm_jax.data.shards`), read by index through
   Grain's ArrayRecord source: nothing but the records asked for is read or kept."""
 
-  def __init__(self, path, split: str):
+  def __init__(self, path, split: str, meta: shards.Metadata | None = None):
+    """meta: the dataset's metadata.json if already read (else it is read here)."""
     self.path, self.split = str(path), split
-    self.meta = shards.read_metadata(path)
+    self.meta = meta or shards.read_metadata(path)
     info = self.meta.splits.get(split)
     self.source = grain.sources.ArrayRecordDataSource(shards.split_paths(path, self.meta, split))
     if len(self.source) != info.num_rows:

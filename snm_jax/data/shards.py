@@ -202,12 +202,13 @@ def percentile_from_histogram(hist: list[int], percentile: float) -> int:
   return int(np.searchsorted(np.cumsum(counts), rank + 1))
 
 
-def read_split(path, split: str, chunk_rows: int = 65_536):
+def read_split(path, split: str, chunk_rows: int = 65_536, meta: Metadata | None = None):
   """Split `split` of the converted dataset at `path` in host memory, as the in-memory path holds
   a split: (features CSR (N, d) float32, or dense (N, d), labels CSR (N, K) float32). For the
-  evaluation splits; a training split is read by index while training (`pipeline.ShardedRows`)."""
+  evaluation splits; a training split is read by index while training (`pipeline.ShardedRows`).
+  `meta`: the dataset's metadata if already read."""
   import grain  # pylint: disable=g-import-not-at-top
-  meta = read_metadata(path)
+  meta = meta or read_metadata(path)
   source = grain.sources.ArrayRecordDataSource(split_paths(path, meta, split))
   feats, labs = [], []
   for lo in range(0, len(source), chunk_rows):

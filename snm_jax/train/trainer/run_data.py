@@ -154,10 +154,10 @@ def _sharded(config) -> RunData:
                       f"split was carved with seed {meta.validation_seed}")
 
   def in_memory(split):
-    features, labels = shards.read_split(d.shards, split)
+    features, labels = shards.read_split(d.shards, split, meta=meta)
     return snm_data.XCDataset(features, labels, meta.name, split, path=None)
 
-  return RunData(ShardedRows(d.shards, "train"), in_memory("test"), meta.name,
+  return RunData(ShardedRows(d.shards, "train", meta), in_memory("test"), meta.name,
                  validation=in_memory("validation") if meta.validation_fraction else None,
                  train_file_label_counts=shards.read_label_counts(d.shards),
                  train_file_points=meta.train_file_points)
