@@ -202,6 +202,12 @@ class WideDeepQuery(nn.Module):
   bag_matmul: str = "gather"   # EmbeddingBag.matmul of the tower
   dtype: Any = jnp.float32
 
+  @property
+  def constant_query_columns(self) -> int:
+    """The query's leading columns that depend on no parameter, [x, 1]: the train step does not
+    differentiate them (`snm_jax.train.core.step`)."""
+    return self.num_features + 1
+
   @nn.compact
   def __call__(self, feat_ids, feat_vals, train: bool = False, bag_fn=None):
     feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)

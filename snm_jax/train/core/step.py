@@ -152,6 +152,7 @@ class _Scorer:
   scale: float
   normalize_classes: bool
   dtype: Any = jnp.float32
+  constant_columns: int = 0  # the query's leading columns that depend on no parameter
 
   def class_rows(self, rows):
     return l2_normalize(rows) if self.normalize_classes else rows
@@ -163,7 +164,15 @@ class _Scorer:
     return jnp.sum(q * self.class_rows(rows_nxh), axis=-1)
 
   def shared(self, q, rows_Sxh):  # -> (n, S)
-    return self.scale * precision.matmul(q, self.class_rows(rows_Sxh).T, self.dtype)
+    rows = self.class_rows(rows_Sxh)
+    c = self.constant_columns
+    if not c:
+      return self.scale * precision.matmul(q, rows.T, self.dtype)
+    # As one product, the backward pass would compute the query's cotangent for all h columns (an
+    # n x S x h matmul, the largest of the wide-and-deep step) and drop the constant ones; as two,
+    # only the tower's columns are differentiated. The same sum, in another order.
+    return self.scale * (precision.matmul(jax.lax.stop_gradient(q[:, :c]), rows[:, :c].T, self.dtype)
+                         + precision.matmul(q[:, c:], rows[:, c:].T, self.dtype))
 
   def each(self, q, rows_nxSxh):  # -> (n, S)
     return self.scale * (normalized_row_scores(q, rows_nxSxh, dtype=self.dtype) if self.normalize_classes
@@ -202,7 +211,8 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
   if dropout is None:
     dropout = _module_has_dropout(getattr(tower_apply, "__self__", None))
   negatives = negatives_lib.for_sampler(sampler, mesh, stratum_cdf, table_rows)
-  scorer = _Scorer(loss.logit_scale, normalize_classes, compute_dtype)
+  constant_columns = getattr(getattr(tower_apply, "__self__", None), "constant_query_columns", 0)
+  scorer = _Scorer(loss.logit_scale, normalize_classes, compute_dtype, constant_columns)
   per_example_loss = losses_registry.get_loss(loss.kind)
   mask_hits = losses_registry.masks_accidental_hits(loss.kind, loss.mask_accidental_hits)
 
