@@ -217,6 +217,9 @@ def base_config() -> ml_collections.ConfigDict:
   # min_validation points, else 1.
   c.recipe.splits = 1
   c.recipe.min_validation = 1000  # recipe.splits=-1: fewer validation points than this -> several splits.
+  # With several splits: all (every candidate trained, halved and chosen on every split) | first (on
+  # split 0 only; the chosen members are then trained on the other splits and summed as with "all").
+  c.recipe.split_search = "all"
   # Post-hoc logit adjustment of the chosen model / ensemble (Menon et al. 2021): score - tau log prior(y),
   # tau from this comma-separated grid (0 always in it) chosen on validation (snm_jax/train/core/logit_adjust.py).
   # "" = off.

@@ -129,6 +129,7 @@ def _validate_recipe(config) -> None:
   if splits != -1:
     _int("recipe.splits", splits, 1, note=" (validation splits; -1 = from the validation size)")
   _int("recipe.min_validation", field_or_default(r, "min_validation", 0), 0)
+  _one_of("recipe.split_search", field_or_default(r, "split_search", "all"), ("all", "first"))
   _bool("recipe.group", field_or_default(r, "group", True))
   _one_of("recipe.group_mode", field_or_default(r, "group_mode", "auto"), ("auto", "vmap", "serial"))
   halving = field_or_default(r, "halving", 0)

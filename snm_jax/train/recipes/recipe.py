@@ -23,12 +23,15 @@ workdir/logit_adjust.json). The test split is evaluated by every candidate but
 never read to choose. Finished candidates are reused and interrupted ones
 resume, so the recipe resumes like a single run.
 
-With `recipe.splits` r > 1 (-1: derived from the validation size, `num_splits`) every candidate is
-trained once per validation split (repeated random splits of the same size, seeds
+With `recipe.splits` r > 1 (-1: derived from the validation size, `num_splits`) and
+`recipe.split_search` "all", every candidate is trained once per validation split (repeated random splits of the same size, seeds
 dataset.validation_seed + i; split 0 in `workdir/candidates/`, split i in
 `workdir/splits/<i>/candidates/`), each run keeping its best checkpoint on its own split; the
 candidates are ranked, and the ensemble size chosen, on the mean over the splits, and the result
 sums the chosen members' models of every split (so even m = 1 is an ensemble, scored on test).
+With `recipe.split_search` "first" the candidates are trained, halved and chosen (and the ensemble
+size m) on split 0 alone, and only the chosen members are then trained on splits 1..r-1 and summed
+the same way: the r-fold cost is paid by the chosen members only.
 
 A field the user sets explicitly (anything but "auto"/-1) is kept as given.
 """
@@ -311,12 +314,17 @@ def run(config, workdir) -> dict:
                             for i in range(1, r)]
   logging.info("recipe %s on %s: %s; derived %s; %d validation split(s)", config.recipe.name,
                run_data.source, stats, derived, r)
+  # recipe.split_search "first": the candidates are trained, halved and chosen on split 0 only; the
+  # chosen ones are trained on the other splits afterwards (`_train_other_splits`).
+  searched = r if config.recipe.get("split_search", "all") == "all" else 1
+  mesh = sharding.make_mesh(config.mesh.shape)
   members = [(name, i, _apply(config, {**fields, **split_fields(config, i)}),
-              split_dir(workdir, i) / "candidates" / name) for name, _, fields in points for i in range(r)]
-  trained = candidates_lib.train(config, members, sharding.make_mesh(config.mesh.shape))
+              split_dir(workdir, i) / "candidates" / name) for name, _, fields in points
+             for i in range(searched)]
+  trained = candidates_lib.train(config, members, mesh)
   table, fields_of, diverged, eliminated = [], {}, [], []
   for name, over, fields in points:
-    per_split = [trained[(name, i)] for i in range(r)]
+    per_split = [trained[(name, i)] for i in range(searched)]
     bad = next(((i, s) for i, s in enumerate(per_split) if "diverged" in s), None)
     if bad is not None:  # no state to choose: left out of the choice and the ensembles
       diverged.append({"name": name, "overrides": over, "error": bad[1]["diverged"], "split": bad[0]})
@@ -331,7 +339,7 @@ def run(config, workdir) -> dict:
              "validation": float(np.mean([s["selected"]["value"] for s in per_split])),
              "steps": per_split[0]["steps"],
              "train_seconds": sum(s["train_seconds"] for s in per_split)}
-      if r > 1:
+      if searched > 1:
         row["splits"] = [{"validation": s["selected"]["value"], "selected_step": s["selected"]["step"]}
                          for s in per_split]
       table.append(row)
@@ -350,7 +358,12 @@ def run(config, workdir) -> dict:
   configs = {n: _apply(config, f) for n, f in fields_of.items()}
   # Several splits: the result is the sum of the chosen members' models over the splits (each
   # trained without its own held-out part), so even m = 1 is scored as an ensemble.
-  if max_members > 1 or r > 1:
+  if searched < r:
+    ens = _ensemble_or_load(config, run_datas[:1], table, configs, workdir, max_members)
+    ens = _train_other_splits(config, run_datas, ens, fields_of, configs, workdir, mesh, record)
+    record["ensemble"] = ens
+    chosen = {**chosen, "final": ens["test"]}
+  elif max_members > 1 or r > 1:
     ens = _ensemble_or_load(config, run_datas, table, configs, workdir, max_members)
     record["ensemble"] = ens
     if "test" in ens:  # else the best candidate alone on one split, its results as they are
@@ -380,6 +393,37 @@ def run(config, workdir) -> dict:
   if is_writer():
     write_text(workdir / "results.json", json.dumps(chosen, indent=2, sort_keys=True))
   return chosen
+
+
+def _train_other_splits(config, run_datas, ens: dict, fields_of: dict, configs: dict, workdir, mesh,
+                        record: dict) -> dict:
+  """recipe.split_search "first": the members of the ensemble `ens` chosen on split 0 trained on
+  splits 1..r-1 (as one group per shape, no halving: nothing is chosen among them), and the
+  ensemble summed over every split's models scored on test -- the result of the "all" search had
+  it chosen the same members. Returns `ens` (its "splits": 1, the split it was chosen on) with "test",
+  "summed_splits" = r and "other_splits" (each model's split, validation value and selected step);
+  also written to workdir/ensemble.json, which a rerun reuses.""" 
+  r = len(run_datas)
+  names = ens["members"]
+  if ens.get("other_splits") and [m["name"] for m in ens["other_splits"]] == [
+      n for n in names for _ in range(1, r)] and "test" in ens:
+    return ens  # the ensemble.json of an earlier attempt, which had finished this
+  others = [(n, i, _apply(config, {**fields_of[n], **split_fields(config, i)}),
+             split_dir(workdir, i) / "candidates" / n) for n in names for i in range(1, r)]
+  trained = candidates_lib.train(with_overrides(config, {"recipe.halving": 0}), others, mesh)
+  bad = [(n, i, out["diverged"]) for (n, i), out in trained.items() if "diverged" in out]
+  if bad:  # the sum must hold every split's model: no silent leaving out
+    raise NonFiniteLossError(f"chosen recipe members diverged on other validation splits: {bad}")
+  ens = {**ens, "summed_splits": r, "other_splits": [
+      {"name": n, "split": i, "validation": trained[(n, i)]["selected"]["value"],
+       "selected_step": trained[(n, i)]["selected"]["step"]} for n, i, _, _ in others]}
+  record["train_seconds_all_candidates"] += sum(trained[(n, i)]["train_seconds"] for n, i, _, _ in others)
+  ens["test"] = _ensemble_evaluator(run_datas, configs, workdir)(names, "test")
+  logging.info("[ensemble] %s trained on %d more validation split(s); the sum over %d splits on test: %s",
+               names, r - 1, r, {k: round(v, 4) for k, v in ens["test"].items() if isinstance(v, float)})
+  if is_writer():
+    write_text(workdir / "ensemble.json", json.dumps(ens, indent=2, sort_keys=True))
+  return ens
 
 
 def ensemble_size(config, num_candidates: int) -> int:
