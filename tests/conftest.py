@@ -44,7 +44,7 @@ def shared_data_dir():
 # order put test_multihost / test_train_step / test_tree_* at the end) kept one worker busy alone
 # for minutes after the other ran out of files. Longest first, the short files fill in at the end.
 # Order only: every test still runs, each file's tests in their own order.
-SLOW_FIRST = ("test_multihost.py", "test_fault_injection.py", "test_train_step.py",
+SLOW_FIRST = ("test_preemption.py", "test_multihost.py", "test_fault_injection.py", "test_train_step.py",
               "test_leaf_order_eval.py", "test_num_samples_schedule.py", "test_exact_sampler.py",
               "test_sharded_eval_and_restore.py", "test_train_step_quality.py", "test_bf16.py",
               "test_dense_features_run.py", "test_mined_softmax.py", "test_peers.py",
@@ -52,6 +52,14 @@ SLOW_FIRST = ("test_multihost.py", "test_fault_injection.py", "test_train_step.p
               "test_trainer_theorem1.py", "test_diagnostics.py", "test_reliability.py",
               "test_recipes.py", "test_auprc_experiment.py", "test_sparse_input.py",
               "test_ablate_report.py", "test_train_loop.py")
+
+
+def pytest_configure(config):
+  # pytest-xdist (>= 3.2) re-sorts --dist=loadfile's files by their number of tests, most first
+  # (--loadscope-reorder, its default), which undid the order above: the 2-test test_multihost
+  # and test_preemption ran last, alone on one worker. Keep the collection order.
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):
