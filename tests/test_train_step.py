@@ -1,6 +1,8 @@
 """The jitted SNM/S2M step: sparse updates equal dense references, sharded runs
 equal single-device runs, the loss equals the reference `snm_loss`."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,11 @@ from step_fixtures import B, K, N, V, loss_spec, make
 
 KEY = jax.random.key(7)
 
+# One set-up (and so one compiled step, kept in memory) per distinct argument set: several tests
+# start from the same toy state (steps do not donate it). test_same_seed_same_bits builds its two
+# set-ups with `make` itself, independently.
+_make = functools.lru_cache(maxsize=None)(make)
+
 
 def _sample_ids(sampler, per_example):
   """The ids the step draws on a (1, 1) mesh for KEY (all strata on one shard)."""
@@ -21,7 +28,8 @@ def _sample_ids(sampler, per_example):
 
 
 def _dense_reference(setup, per_example, spec):
-  """Loss with the whole table as the differentiated input, via losses.snm_loss."""
+  """Loss with the whole table as the differentiated input, via losses.snm_loss (the caller jits
+  it: one compile instead of op-by-op dispatch, which took ~8 s of the test)."""
   b = setup["raw_batch"]
   ids = _sample_ids(setup["sampler"], per_example)
   vt = np.zeros(B, np.float32)
@@ -45,11 +53,11 @@ def _dense_reference(setup, per_example, spec):
 @pytest.mark.parametrize("per_example", [False, True])
 def test_sparse_update_equals_dense_gradient_update(per_example):
   spec = loss_spec(k=4)
-  setup = make((1, 1), per_example=per_example, spec=spec)
+  setup = _make((1, 1), per_example=per_example, spec=spec)
   state0 = setup["state"]
   loss_fn = _dense_reference(setup, per_example, spec)
   table0 = np.asarray(state0.table)
-  (ref_loss, _), (g_params, g_table) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+  (ref_loss, _), (g_params, g_table) = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True))(
       state0.params, jnp.asarray(table0))
   ref_table = table0 - 0.5 * np.asarray(g_table)  # dense SGD on the whole table
   updates, _ = setup["tx"].update(g_params, setup["tx"].init(state0.params))
@@ -67,7 +75,7 @@ def test_sparse_update_equals_dense_gradient_update(per_example):
 
 @pytest.mark.parametrize("row_opt", ["momentum", "adagrad"])
 def test_lazy_row_optimizers_touch_only_sampled_rows(row_opt):
-  setup = make((1, 1), row_opt=row_opt)
+  setup = _make((1, 1), row_opt=row_opt)
   table0 = np.asarray(setup["state"].table)
   state1, _ = setup["step"](setup["state"], setup["batch"], KEY)
   ids = np.asarray(_sample_ids(setup["sampler"], False))
@@ -81,8 +89,8 @@ def test_lazy_row_optimizers_touch_only_sampled_rows(row_opt):
 
 @pytest.mark.parametrize("mesh_shape,per_example", [((2, 4), False), ((2, 4), True), ((1, 8), False)])
 def test_sharded_step_matches_single_device(mesh_shape, per_example):
-  ref = make((1, 1), per_example=per_example)
-  sh = make(mesh_shape, per_example=per_example)
+  ref = _make((1, 1), per_example=per_example)
+  sh = _make(mesh_shape, per_example=per_example)
   s_ref, s_sh = ref["state"], sh["state"]
   for i in range(3):
     key = jax.random.fold_in(KEY, i)
@@ -98,8 +106,8 @@ def test_sharded_step_matches_single_device(mesh_shape, per_example):
 @pytest.mark.parametrize("mesh_shape", [(2, 4), (1, 8)])
 def test_exact_sampler_sharded_step_matches_single_device(mesh_shape):
   """Algorithm 1's exact draws (global layout): same draws, same step on any mesh."""
-  ref = make((1, 1), sampler=ExactSampler(K, B))
-  sh = make(mesh_shape, sampler=ExactSampler(K, B))
+  ref = _make((1, 1), sampler=ExactSampler(K, B))
+  sh = _make(mesh_shape, sampler=ExactSampler(K, B))
   s_ref, s_sh = ref["state"], sh["state"]
   for i in range(3):
     key = jax.random.fold_in(KEY, i)
@@ -111,19 +119,19 @@ def test_exact_sampler_sharded_step_matches_single_device(mesh_shape):
   for a, b in zip(jax.tree.leaves(s_sh.params), jax.tree.leaves(s_ref.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6)
   np.testing.assert_allclose(float(m_sh["loss"]), float(m_ref["loss"]), rtol=1e-5)
-  assert np.abs(np.asarray(s_ref.table) - np.asarray(make((1, 1))["state"].table)).max() > 1e-3
+  assert np.abs(np.asarray(s_ref.table) - np.asarray(_make((1, 1))["state"].table)).max() > 1e-3
 
 
 def test_s2m_reduction_averages_the_hardest_examples():
   spec_mean = loss_spec(k=2)
   spec_s2m = loss_spec(k=2, reduction="s2m", k_prime=4)
-  a = make((1, 1), spec=spec_mean)
-  b = make((1, 1), spec=spec_s2m)
+  a = _make((1, 1), spec=spec_mean)
+  b = _make((1, 1), spec=spec_s2m)
   _, m_a = a["step"](a["state"], a["batch"], KEY)
   _, m_b = b["step"](b["state"], b["batch"], KEY)
   # avg of the 4 largest per-example losses lies between the mean and the max.
   assert float(m_a["loss"]) < float(m_b["loss"]) <= float(m_b["max_example_loss"]) + 1e-6
-  ref = _dense_reference(a, False, spec_mean)(a["state"].params, a["state"].table)[1]
+  ref = jax.jit(_dense_reference(a, False, spec_mean))(a["state"].params, a["state"].table)[1]
   np.testing.assert_allclose(float(m_b["loss"]), float(jnp.mean(jnp.sort(ref)[-4:])), rtol=1e-5)
 
 
@@ -140,7 +148,7 @@ def test_same_seed_same_bits_and_accidental_hits_masked():
 
 
 def test_nonfinite_loss_drops_the_update():
-  s = make((1, 1))
+  s = _make((1, 1))
   bad = dict(s["batch"])
   bad["feat_vals"] = bad["feat_vals"].at[0, 0].set(jnp.nan)
   st, m = s["step"](s["state"], bad, KEY)
@@ -200,7 +208,7 @@ def test_rescored_top_k_gradient_equals_dense_score_gradient(mesh_shape, per_exa
   assert spec.tail == 0.0 and not spec.dense_score_grad
   states = []
   for s in (spec, dataclasses.replace(spec, dense_score_grad=True)):
-    setup = make(mesh_shape, per_example=per_example, spec=s)
+    setup = _make(mesh_shape, per_example=per_example, spec=s)
     st = setup["state"]
     for i in range(2):
       st, m = setup["step"](st, setup["batch"], jax.random.fold_in(KEY, i))
@@ -211,7 +219,7 @@ def test_rescored_top_k_gradient_equals_dense_score_gradient(mesh_shape, per_exa
   np.testing.assert_allclose(np.asarray(a.table), np.asarray(b.table), atol=2e-6)
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-6)
-  assert np.abs(np.asarray(a.table) - np.asarray(make(mesh_shape)["state"].table)).max() > 1e-3
+  assert np.abs(np.asarray(a.table) - np.asarray(_make(mesh_shape)["state"].table)).max() > 1e-3
 
 
 def test_strata_must_fit_the_model_axis():
