@@ -311,7 +311,8 @@ def test_several_splits_choose_on_the_mean_and_score_every_splits_models(tmp_pat
   from snm_jax.train.trainer.run_data import load_run_data
   from snm_jax.train.config.overrides import with_overrides
   c = tiny_synthetic_recipe(1000, 100, **{"recipe.search": "table.learning_rate*=0.01,1",
-                                          "recipe.splits": 2, "recipe.ensemble": 2})
+                                          "recipe.splits": 2, "recipe.ensemble": 2,
+                                          "recipe.split_search": "all"})
   # The two splits hold out as many points, not the same ones, from the same training file.
   parts = [load_run_data(with_overrides(c, recipes.split_fields(c, i))) for i in range(2)]
   assert parts[0].validation.num_points == parts[1].validation.num_points == 100

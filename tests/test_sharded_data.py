@@ -161,3 +161,39 @@ def test_sharded_config_errors(bibtex_shards, tmp_path):
       train_and_evaluate(runlocal(overrides), tmp_path / "bad")
   with pytest.raises(DataFormatError, match="metadata.json"):
     shards.read_metadata(tmp_path)
+
+
+def test_the_recipe_reads_the_shards_as_it_reads_memory(bibtex_shards, tmp_path):
+  """xmc.py's seconds-long variant through the shards: the statistics from the metadata's histograms,
+  the same candidates, choice and test metrics as in memory (the same batches); one validation split."""
+  from experiments.configs import xmc  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.config.overrides import with_overrides  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.trainer.run_data import load_run_data  # pylint: disable=g-import-not-at-top
+  out, _ = bibtex_shards
+  base = with_overrides(xmc.get_config("bibtex,runlocal"), {"dataset.validation_seed": 2, "recipe.splits": -1})
+  sharded = with_overrides(base, {"dataset.format": "sharded", "dataset.shards": str(out)})
+  want, got = (recipe.DataStats.of(load_run_data(c)) for c in (base, sharded))
+  assert (got.num_train, got.num_features, got.num_labels) == (want.num_train, want.num_features, want.num_labels)
+  assert got.labels_per_point == pytest.approx(want.labels_per_point, rel=1e-12)
+  assert got.nnz_per_point == pytest.approx(want.nnz_per_point, rel=1e-12)
+  through = recipe.run(sharded, tmp_path / "sharded")
+  # In memory Bibtex's 488 validation points take 3 splits (recipe.splits=-1); the shards hold one carve.
+  assert recipe.num_splits(base, load_run_data(base).validation.num_points) == 3
+  assert through["recipe"]["splits"] == 1
+  one_split = recipe.run(with_overrides(base, {"recipe.splits": 1}), tmp_path / "memory1")
+  assert through["recipe"]["derived"] == one_split["recipe"]["derived"]
+  assert [c["name"] for c in through["recipe"]["candidates"]] == [c["name"] for c in one_split["recipe"]["candidates"]]
+  assert through["recipe"]["chosen"] == one_split["recipe"]["chosen"]
+  drop = lambda r: {k: v for k, v in r["final"].items() if k != "eval_seconds"}  # noqa: E731
+  assert drop(through) == drop(one_split) and drop(through)["P@1"] > 0.2
+  from snm_jax.train.recipes import runs  # pylint: disable=g-import-not-at-top
+  for field, value in (("recipe.splits", 2), ("recipe.refit", True)):  # refused before any loading
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+      runs.train(with_overrides(sharded, {field: value}), tmp_path / "bad")
+  # The auto search's one-vs-rest candidate lists every (point, positive) pair up front: not on shards.
+  stats = recipe.DataStats.of(load_run_data(sharded))
+  full = with_overrides(sharded, {"recipe.search": "auto"})
+  assert recipe.ovr_settings(full, stats, recipe.derive(full, stats)) is None
+  assert recipe.ovr_settings(with_overrides(base, {"recipe.search": "auto"}), stats,
+                             recipe.derive(full, stats)) is not None

@@ -492,8 +492,12 @@ def _validate_format(config) -> None:
               "the tree sampler is fitted on the whole training matrix"),
              ("diagnostics.every", config.get("diagnostics") is not None and config.diagnostics.every > 0,
               "the diagnostics probe batch is cut from the training matrix"),
-             ("recipe.search", bool(config.get("recipe") and config.recipe.get("search")),
-              "the recipe derives its settings from the training matrix"),
+             ("recipe.splits", bool(config.get("recipe") and config.recipe.get("name", "")
+                                    and int(config.recipe.get("splits", 1)) > 1),
+              "the converted dataset holds one validation carve (-1 takes it)"),
+             ("recipe.refit", bool(config.get("recipe") and config.recipe.get("name", "")
+                                   and config.recipe.get("refit", False)),
+              "the refit trains on the whole training file, which the converter split in two"),
              ("task", config.get("task", "classification") != "classification",
               "only the classification task reads sharded data"))
   for field, bad, why in refused:

@@ -45,5 +45,9 @@ def log_label_prior(labels: sp.spmatrix) -> np.ndarray:
   gets a finite prior. Multi-label priors need not sum to 1: a constant shift over labels does not
   change a ranking, only their differences do."""
   labels = sp.csc_matrix(labels)
-  counts = np.diff(labels.indptr).astype(np.float64)
-  return np.log((counts + 1.0) / (labels.shape[0] + 2.0))
+  return log_prior_from_counts(np.diff(labels.indptr), labels.shape[0])
+
+
+def log_prior_from_counts(counts: np.ndarray, num_points: int) -> np.ndarray:
+  """`log_label_prior` from the label counts (K,) of `num_points` points."""
+  return np.log((np.asarray(counts, np.float64) + 1.0) / (num_points + 2.0))

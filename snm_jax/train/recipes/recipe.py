@@ -69,6 +69,12 @@ class DataStats:
   @classmethod
   def of(cls, run_data: RunData) -> "DataStats":
     train = run_data.train
+    if run_data.sharded:  # from the histograms the converter streamed (metadata.json), nothing read
+      nnz, labels = train.histograms()
+      n = train.num_points
+      mean = lambda h: float(np.dot(np.arange(h.size), h) / max(n, 1))  # noqa: E731
+      return cls(num_train=n, num_features=run_data.num_features, num_labels=run_data.num_labels,
+                 labels_per_point=mean(labels), nnz_per_point=mean(nnz))
     n = train.features.shape[0]
     return cls(num_train=n, num_features=run_data.num_features, num_labels=run_data.num_labels,
                labels_per_point=float(train.labels.nnz / max(n, 1)),
@@ -221,6 +227,8 @@ def ovr_settings(config, stats: DataStats, derived: dict) -> dict | None:
   linear model (model.kind auto with a table that fits, or linear)."""
   if config.recipe.search != AUTO or not _is_auto(config.loss.kind):
     return None
+  if config.dataset.get("format", "memory") == "sharded":
+    return None  # its examples are every (point, positive) pair, listed up front from the whole matrix
   if stats.num_labels > MAX_FULL_SOFTMAX_LABELS or derived.get("model.kind", config.model.kind) != "linear":
     return None
   k = max(int(round(stats.labels_per_point)), 1)
@@ -308,6 +316,10 @@ def run(config, workdir) -> dict:
   derived = derive(config, stats)
   points = candidate_list(config, stats, derived)
   r = num_splits(config, run_data.validation.num_points)
+  if run_data.sharded and r > 1:  # (an explicit recipe.splits > 1 is refused by validation)
+    logging.info("recipe.splits=-1 would take %d validation splits; a sharded dataset holds the one "
+                 "carved when it was converted", r)
+    r = 1
   # Split i > 0 holds out as many points, drawn with the next permutation seed (repeated random
   # splits; the training part's size, hence every derived field, is the same on each).
   run_datas = [run_data] + [load_run_data(with_overrides(config, split_fields(config, i)))
@@ -492,7 +504,12 @@ def choose_logit_adjust(config, run_datas, members: list[str], configs: dict, wo
   run_datas = _as_splits(run_datas)
   if evaluate_fn is None:
     evaluate_fn = _ensemble_evaluator(run_datas, configs, workdir)
-  log_prior = logit_adjust.log_label_prior(run_datas[0].train.labels)
+  first = run_datas[0]
+  if first.sharded:  # the training part's counts: the whole file's less the validation carve's
+    log_prior = logit_adjust.log_prior_from_counts(
+        first.label_counts - np.diff(first.validation.labels.tocsc().indptr), first.train.num_points)
+  else:
+    log_prior = logit_adjust.log_label_prior(first.train.labels)
   validation = []
   for tau in taus:
     metrics = evaluate_fn(members, "validation", -tau * log_prior)
