@@ -53,6 +53,8 @@ def runs(request, alone, tmp_path_factory):
   mesh = sharding.make_mesh(configs["lr_x1"].mesh.shape)
   group = group_lib.CandidateGroup([(n, c, root / "group" / n) for n, c in configs.items()], mesh,
                                    mode=request.param)
+  # The two rates read the same batches: one pipeline feeds both (the other split has its own).
+  assert group._feed == {"lr_x1": "lr_x1", "lr_x2": "lr_x1", "split_1": "split_1"}  # pylint: disable=protected-access
   group.finish()
   together = {n: json.loads((root / "group" / n / "results.json").read_text()) for n in configs}
   return root, alone[0], configs, alone[1], together

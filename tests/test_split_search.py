@@ -22,7 +22,8 @@ def _trained(workdir) -> set:
 
 
 def test_first_split_search_trains_only_the_chosen_on_the_other_splits(tmp_path):
-  everywhere = recipes.run(tiny_synthetic_recipe(1000, 100, **FIELDS), tmp_path / "all")
+  everywhere = recipes.run(tiny_synthetic_recipe(1000, 100, **FIELDS, **{"recipe.split_search": "all"}),
+                           tmp_path / "all")
   first = recipes.run(tiny_synthetic_recipe(1000, 100, **FIELDS, **{"recipe.split_search": "first"}),
                       tmp_path / "first")
   ens_all, ens = everywhere["recipe"]["ensemble"], first["recipe"]["ensemble"]

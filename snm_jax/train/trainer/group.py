@@ -4,8 +4,9 @@ A recipe's candidates differ in a few values -- the class table's learning rate,
 validation split (`GROUPED_FIELDS`) -- and in nothing that changes a shape. A `CandidateGroup`
 trains such runs (its *members*) at once: their states stacked on a leading member axis, the
 task's step `jax.vmap`ped over it (`Task.member_step`, the table's learning rate a traced input),
-each member fed the next batch of its own data pipeline, so every step of every member is one
-dispatch of one compiled program. What each member computes is what its own run computes
+each member fed the next batch of its own data (one pipeline per distinct seed and dataset section:
+members that read the same batches share it), so every step of every member is one dispatch of one
+compiled program. What each member computes is what its own run computes
 (`train_and_evaluate` with its config): the same initial state, batches, step keys
 (`fold_in(key(seed + 1), step)`) and learning rate, so the group gives each member's run to float
 tolerance (the vmapped matmuls may sum in another order).
@@ -107,6 +108,13 @@ class CandidateGroup:
       widest = max(getattr(b, attr) for b in batchers)
       for b in batchers:
         setattr(b, attr, widest)
+    # Members with the same seed and dataset section (the learning-rate variants of one validation
+    # split) read the same batches: each such batch is built once, by the first one's pipeline (the
+    # others' pipelines are never started), and fed to all of them.
+    first_of = {}
+    self._feed = {n: first_of.setdefault((int(self.configs[n].seed),
+                                          self.configs[n].dataset.to_json_best_effort(sort_keys=True)), n)
+                  for n in self.names}
     first = self.tasks[self.names[0]]
     if first.member_step is None:
       raise ConfigError("mining.num_samples_schedule", "a growing sample size trains alone")
@@ -159,13 +167,17 @@ class CandidateGroup:
     jax.block_until_ready(self.state if self.mode == "vmap" else self.states)
 
   def _train_step(self) -> None:
-    batches = [next(self.tasks[n].batches.batcher) for n in self.alive]
+    fed = {}
+    for n in self.alive:
+      if self._feed[n] not in fed:
+        fed[self._feed[n]] = next(self.tasks[self._feed[n]].batches.batcher)
     if self.mode == "vmap":
-      batch = make_stacked_global_batch(batches, self.mesh, self.batch_size)
+      batch = make_stacked_global_batch([fed[self._feed[n]] for n in self.alive], self.mesh, self.batch_size)
       self.state, _ = self._vstep(self.state, batch, self._keys, self._lrs)
       return
-    for name, batch in zip(self.alive, batches):
-      self.states[name], _ = self._step_one(self.states[name], make_global_batch(batch, self.mesh),
+    on_device = {src: make_global_batch(batch, self.mesh) for src, batch in fed.items()}
+    for name in self.alive:
+      self.states[name], _ = self._step_one(self.states[name], on_device[self._feed[name]],
                                             self._key[name], self._lr[name])
 
   # ---- training ---------------------------------------------------------------------------
@@ -233,8 +245,9 @@ class CandidateGroup:
   def _keep(self, names) -> None:
     if names == self.alive:
       return
-    for gone in set(self.alive) - set(names):
-      self.tasks[gone].batches.close()  # its input pipeline's threads
+    feeding = {self._feed[n] for n in names}
+    for source in {self._feed[n] for n in self.alive} - feeding:  # pipelines no member reads any more
+      self.tasks[source].batches.close()  # (their threads; the others' pipelines never started)
     if self.mode == "serial":
       self.states = {n: self.states[n] for n in names}
       self.alive = list(names)
