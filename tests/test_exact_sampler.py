@@ -29,23 +29,33 @@ def _positives(i):
   return set(LABEL_SET[i][LABEL_SET[i] >= 0]) | {LABEL[i]}
 
 
-def _many_draws(sampler, reps, seed=1):
+@functools.cache
+def _draws_fn(sampler):
+  """`sampler`'s draws on `_batch()`, vmapped over keys and jitted once per sampler (the tests
+  that draw from the same sampler share the compiled program)."""
   batch = _batch()
-  f = jax.jit(jax.vmap(lambda k: sampler.draw(k, batch)[0]))
-  return np.asarray(f(jax.random.split(jax.random.key(seed), reps)))  # (reps, N, B)
+  return jax.jit(jax.vmap(lambda k: sampler.draw(k, batch)[0]))
+
+
+def _many_draws(sampler, reps, seed=1):
+  return np.asarray(_draws_fn(sampler)(jax.random.split(jax.random.key(seed), reps)))  # (reps, N, B)
 
 
 def test_skip_map_enumerates_the_non_positives_in_order():
+  # Every case's arrays padded to one shape (label sets to 44 entries with -1, the queries to 40;
+  # the map is elementwise in x, only the first K - P are compared): the ops compile once, not
+  # once per case (20 shapes took ~25 s under load).
   rng = np.random.default_rng(0)
   for _ in range(20):
     k = int(rng.integers(2, 40))
     pos = rng.choice(k, size=int(rng.integers(0, k)), replace=False)
-    label_set = np.concatenate([pos, pos[:2], [-1, -1]]).astype(np.int32)[None]  # repeats, padding
+    label_set = np.concatenate([pos, pos[:2], [-1, -1]]).astype(np.int32)  # repeats, padding
+    label_set = np.pad(label_set, (0, 44 - len(label_set)), constant_values=-1)[None]
     sorted_pos, count = sorted_distinct_positives(jnp.asarray(label_set), k)
     assert int(count[0]) == len(pos)
     others = np.setdiff1d(np.arange(k), pos)
-    mapped = skip_positives(jnp.arange(len(others), dtype=jnp.int32), sorted_pos[0], k)
-    np.testing.assert_array_equal(np.asarray(mapped), others)
+    mapped = skip_positives(jnp.arange(40, dtype=jnp.int32), sorted_pos[0], k)
+    np.testing.assert_array_equal(np.asarray(mapped)[:len(others)], others)
 
 
 def test_draws_are_distinct_non_positives_with_probability_b_over_k_minus_p():
@@ -124,9 +134,11 @@ def _lemma2_means(kind, k, reps=20000, seed=0):
   batch = {"label_set": jnp.asarray([[y, -1]], jnp.int32), "label": jnp.asarray([y], jnp.int32),
            "example_id": jnp.zeros((1,), jnp.int32)}
   keys = jax.random.split(jax.random.key(seed + 1), reps)
-  exact_ids = np.asarray(jax.vmap(lambda kk: ExactSampler(K, B).draw(kk, batch)[0][0])(keys))
+  # The draws jitted: one program each, not op-by-op dispatch (~15 s of compiles under load).
+  exact_ids = np.asarray(jax.jit(jax.vmap(lambda kk: ExactSampler(K, B).draw(kk, batch)[0][0]))(keys))
   old = StratifiedSampler(K, B, num_strata=1, per_example=True)
-  old_ids = np.asarray(jax.vmap(lambda kk: old.sample_strata(kk, jnp.arange(1), jnp.zeros(1, jnp.int32))[0][0])(keys))
+  old_ids = np.asarray(jax.jit(jax.vmap(
+      lambda kk: old.sample_strata(kk, jnp.arange(1), jnp.zeros(1, jnp.int32))[0][0]))(keys))
   out = {}
   for name, ids in (("exact", exact_ids), ("with_replacement", old_ids)):
     samples = np.asarray(loss(jnp.asarray(v[ids]), neg_mask=jnp.asarray(ids == y)), np.float64)
