@@ -1,5 +1,6 @@
 """Sampler diagnostics (snm_jax/train/core/diagnostics.py) against NumPy references."""
 
+import functools
 import json
 
 import jax
@@ -10,9 +11,11 @@ import pytest
 from snm_jax import losses, sharding
 from snm_jax.mining.samplers import StratifiedSampler
 from snm_jax.train.core.diagnostics import DIAGNOSTICS_SEED_OFFSET, make_count_above, make_diagnose
-from step_fixtures import B, K, N, V, loss_spec, make
+from step_fixtures import B, K, N, V, loss_spec
+from step_fixtures import make as _make_setup
 
 SEED, STEP = 3, 40
+make = functools.lru_cache(maxsize=None)(_make_setup)  # one set-up per mesh (diagnostics read it only)
 
 
 def _diagnose(setup, *, k=4, snr_draws=0, sampler=None):
@@ -114,8 +117,9 @@ def test_grad_snr_matches_dense_gradients_over_draws(mesh_shape):
 
   r_draws = 5
   table = jnp.asarray(np.asarray(setup["state"].table))
-  grads = np.stack([np.asarray(jax.grad(loss_fn)(table, _shared_draws(setup["sampler"], _diag_key(STEP, r))),
-                               np.float64) for r in range(r_draws)])
+  grad = jax.jit(jax.grad(loss_fn))  # one compile for the R draws (op by op: ~8 s per case)
+  grads = np.stack([np.asarray(grad(table, _shared_draws(setup["sampler"], _diag_key(STEP, r))), np.float64)
+                    for r in range(r_draws)])
   signal = np.sum(np.mean(grads, 0) ** 2)
   noise = np.sum(np.var(grads, 0, ddof=1))
   out = _diagnose(setup, snr_draws=r_draws)(setup["state"], STEP)
