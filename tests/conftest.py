@@ -53,7 +53,7 @@ SLOW_FIRST = ("test_preemption.py", "test_bf16.py", "test_train_step.py", "test_
               "test_candidate_group.py", "test_ablate_report.py", "test_auprc_estimator.py",
               "test_adversarial_training.py", "test_exact_sampler.py", "test_peers.py",
               "test_diagnostics.py", "test_train_loop.py", "test_auprc_experiment.py",
-              "test_sharded_data.py", "test_adversarial_fit.py", "test_adversarial_loss.py",
+              "test_split_search.py", "test_sharded_data.py", "test_adversarial_fit.py", "test_adversarial_loss.py",
               "test_tree_cache.py")
 
 
