@@ -174,6 +174,11 @@ def test_the_recipe_reads_the_shards_as_it_reads_memory(bibtex_shards, tmp_path)
   base = with_overrides(xmc.get_config("bibtex,runlocal"), {"dataset.validation_seed": 2, "recipe.splits": -1})
   sharded = with_overrides(base, {"dataset.format": "sharded", "dataset.shards": str(out)})
   want, got = (recipe.DataStats.of(load_run_data(c)) for c in (base, sharded))
+  # The logit-adjustment prior's counts on shards (the whole file's less the validation carve's) are
+  # the in-memory training part's.
+  mem, sh = load_run_data(base), load_run_data(sharded)
+  np.testing.assert_array_equal(sh.label_counts - np.diff(sh.validation.labels.tocsc().indptr),
+                                mem.train.labels.getnnz(axis=0))
   assert (got.num_train, got.num_features, got.num_labels) == (want.num_train, want.num_features, want.num_labels)
   assert got.labels_per_point == pytest.approx(want.labels_per_point, rel=1e-12)
   assert got.nnz_per_point == pytest.approx(want.nnz_per_point, rel=1e-12)

@@ -505,7 +505,7 @@ def choose_logit_adjust(config, run_datas, members: list[str], configs: dict, wo
   if evaluate_fn is None:
     evaluate_fn = _ensemble_evaluator(run_datas, configs, workdir)
   first = run_datas[0]
-  if first.sharded:  # the training part's counts: the whole file's less the validation carve's
+  if getattr(first, "sharded", False):  # the training part's counts: the whole file's less the validation's
     log_prior = logit_adjust.log_prior_from_counts(
         first.label_counts - np.diff(first.validation.labels.tocsc().indptr), first.train.num_points)
   else:
