@@ -24,8 +24,8 @@ never read to choose. Finished candidates are reused and interrupted ones
 resume, so the recipe resumes like a single run.
 
 With `recipe.splits` r > 1 (-1: derived from the validation size, `num_splits`) and
-`recipe.split_search` "all", every candidate is trained once per validation split (repeated random splits of the same size, seeds
-dataset.validation_seed + i; split 0 in `workdir/candidates/`, split i in
+`recipe.split_search` "all", every candidate is trained once per validation split (repeated random
+splits of the same size, seeds dataset.validation_seed + i; split 0 in `workdir/candidates/`, split i in
 `workdir/splits/<i>/candidates/`), each run keeping its best checkpoint on its own split; the
 candidates are ranked, and the ensemble size chosen, on the mean over the splits, and the result
 sums the chosen members' models of every split (so even m = 1 is an ensemble, scored on test).
@@ -414,7 +414,7 @@ def _train_other_splits(config, run_datas, ens: dict, fields_of: dict, configs: 
   ensemble summed over every split's models scored on test -- the result of the "all" search had
   it chosen the same members. Returns `ens` (its "splits": 1, the split it was chosen on) with "test",
   "summed_splits" = r and "other_splits" (each model's split, validation value and selected step);
-  also written to workdir/ensemble.json, which a rerun reuses.""" 
+  also written to workdir/ensemble.json, which a rerun reuses."""
   r = len(run_datas)
   names = ens["members"]
   if ens.get("other_splits") and [m["name"] for m in ens["other_splits"]] == [
@@ -507,7 +507,7 @@ def choose_logit_adjust(config, run_datas, members: list[str], configs: dict, wo
   first = run_datas[0]
   if getattr(first, "sharded", False):  # the training part's counts: the whole file's less the validation's
     log_prior = logit_adjust.log_prior_from_counts(
-        first.label_counts - np.diff(first.validation.labels.tocsc().indptr), first.train.num_points)
+        first.label_counts - first.validation.labels.getnnz(axis=0), first.train.num_points)
   else:
     log_prior = logit_adjust.log_label_prior(first.train.labels)
   validation = []
