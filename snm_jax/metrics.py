@@ -99,24 +99,33 @@ def _ranks(k_max: int) -> np.ndarray:
   return np.arange(1, k_max + 1, dtype=np.float64)
 
 
+def precision_per_point(pred, true: LabelsLike, k_max: int) -> np.ndarray:
+  """(N, k_max): |top_k(i) ∩ Y_i| / k per point i, for k = 1..k_max."""
+  _, _, rel = _setup(pred, true, k_max)
+  return np.cumsum(rel, axis=1) / _ranks(k_max)
+
+
 def precision_at_k(pred, true: LabelsLike, k_max: int) -> np.ndarray:
   """P@k = mean_i |top_k(i) ∩ Y_i| / k, for k = 1..k_max."""
-  _, _, rel = _setup(pred, true, k_max)
-  return np.mean(np.cumsum(rel, axis=1), axis=0) / _ranks(k_max)
+  return np.mean(precision_per_point(pred, true, k_max), axis=0)
+
+
+def recall_per_point(pred, true: LabelsLike, k_max: int) -> np.ndarray:
+  """(N, k_max): |top_k(i) ∩ Y_i| / |Y_i| per point; points with Y_i empty 0."""
+  _, csr, rel = _setup(pred, true, k_max)
+  n_true = np.maximum(np.diff(csr.indptr), 1)
+  return np.cumsum(rel, axis=1) / n_true[:, None]
 
 
 def recall_at_k(pred, true: LabelsLike, k_max: int) -> np.ndarray:
   """R@k = mean_i |top_k(i) ∩ Y_i| / |Y_i|; points with Y_i empty count 0."""
-  _, csr, rel = _setup(pred, true, k_max)
-  n_true = np.maximum(np.diff(csr.indptr), 1)
-  return np.mean(np.cumsum(rel, axis=1) / n_true[:, None], axis=0)
+  return np.mean(recall_per_point(pred, true, k_max), axis=0)
 
 
-def ndcg_at_k(pred, true: LabelsLike, k_max: int) -> np.ndarray:
-  """nDCG@k with binary gains: DCG@k / IDCG@k, averaged over points.
+def ndcg_per_point(pred, true: LabelsLike, k_max: int) -> np.ndarray:
+  """(N, k_max): DCG@k / IDCG@k per point with binary gains, 0 for points with Y_i empty.
 
   DCG@k = sum_{r<=k} rel_r / log2(r+1); IDCG@k = sum_{r<=min(k,|Y_i|)} 1/log2(r+1).
-  Points with Y_i empty count 0.
   """
   _, csr, rel = _setup(pred, true, k_max)
   discount = 1.0 / np.log2(_ranks(k_max) + 1.0)
@@ -124,7 +133,26 @@ def ndcg_at_k(pred, true: LabelsLike, k_max: int) -> np.ndarray:
   n_true = np.diff(csr.indptr)
   ideal_flags = _ranks(k_max)[None, :] <= n_true[:, None]
   idcg = np.cumsum(ideal_flags * discount, axis=1)
-  return np.mean(np.where(idcg > 0, dcg / np.where(idcg > 0, idcg, 1.0), 0.0), axis=0)
+  return np.where(idcg > 0, dcg / np.where(idcg > 0, idcg, 1.0), 0.0)
+
+
+def ndcg_at_k(pred, true: LabelsLike, k_max: int) -> np.ndarray:
+  """nDCG@k with binary gains (`ndcg_per_point`), averaged over points."""
+  return np.mean(ndcg_per_point(pred, true, k_max), axis=0)
+
+
+# The metrics that are means over points of a per-point value, k = 1..k_max (PSP@k is a ratio of
+# sums, not one of them).
+PER_POINT = {"P": precision_per_point, "R": recall_per_point, "nDCG": ndcg_per_point}
+
+
+def per_point_metric(metric: str) -> tuple[str, int]:
+  """("nDCG", 5) for "nDCG@5", a metric of `PER_POINT`; ValueError for any other (PSP@k, a ratio
+  of sums; the retrieval metrics)."""
+  name, _, k = metric.partition("@")
+  if name not in PER_POINT or not k.isdigit() or int(k) < 1:
+    raise ValueError(f"{metric!r} is not a mean over points of one of {sorted(PER_POINT)}@k")
+  return name, int(k)
 
 
 def _best_inv_propensities(csr: sp.csr_matrix, inv_p: np.ndarray, k_max: int):

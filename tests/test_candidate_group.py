@@ -144,3 +144,45 @@ def test_an_interrupted_recipe_halves_as_an_uninterrupted_one(tmp_path):
   assert again["recipe"]["chosen"] == chosen
   timeless = lambda m: {k: v for k, v in m.items() if k != "eval_seconds"}  # noqa: E731
   assert timeless(again["final"]) == timeless(first["final"])
+
+
+def test_clearly_behind_is_a_paired_z_test():
+  from snm_jax.train.recipes import candidates  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  leader = rng.random(400)
+  # behind by 0.05 everywhere but noisy: paired d has mean 0.05 and std ~0.1, z ~ 10
+  behind = leader - 0.05 + rng.normal(0, 0.1, 400)
+  # the same mean as the leader's points, shuffled: unpaired it ties, paired it is noise (z ~ 0)
+  level = rng.permutation(leader)
+  points = {"a": {0: leader}, "b": {0: behind}, "c": {0: level}, "d": {1: behind}}
+  values = {n: float(np.mean(next(iter(p.values())))) for n, p in points.items()}
+  out = candidates.clearly_behind(points, values, 3.0)
+  d = leader - behind
+  assert set(out) == {"b"}  # "d" shares no split with the leader: nothing to pair with
+  np.testing.assert_allclose(out["b"], d.mean() / (d.std(ddof=1) / np.sqrt(d.size)))
+  assert candidates.clearly_behind(points, values, out["b"] + 0.01) == {}
+  assert candidates.clearly_behind({"a": {0: leader}}, {"a": 1.0}, 3.0) == {}
+
+
+def test_a_clearly_behind_candidate_stops_at_the_rung_even_below_the_ensemble_size(tmp_path):
+  """Three learning rates, one far too small; halving keeps all three (recipe.ensemble = 3), the
+  paired test stops the slow one at the first rung: never evaluated on test, and the result is
+  the recipe's without the test (the stopped candidate was in no chosen ensemble)."""
+  from run_configs import tiny_synthetic_recipe  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
+  fields = {"recipe.search": "table.learning_rate*=0.002,1,2", "model.kind": "linear",
+            "recipe.ensemble": 3, "recipe.halving": 3, "recipe.rungs": 1}
+  with_test = recipe.run(tiny_synthetic_recipe(**fields, **{"recipe.drop_behind_z": 3.0}), tmp_path / "z")
+  without = recipe.run(tiny_synthetic_recipe(**fields, **{"recipe.drop_behind_z": 0.0}), tmp_path / "none")
+  stopped = {e["name"]: e for e in with_test["recipe"]["eliminated"]}
+  assert list(stopped) == ["learning_rate_x0.002"], stopped
+  record = json.loads((tmp_path / "z" / "candidates" / "learning_rate_x0.002" /
+                       "eliminated.json").read_text())
+  assert record["z"] > 3.0 and record["rule"].startswith("clearly behind the leader")
+  assert not (tmp_path / "z" / "candidates" / "learning_rate_x0.002" / "results.json").exists()
+  members = lambda r: r["recipe"].get("ensemble", {}).get("members", [r["recipe"]["chosen"]])  # noqa: E731
+  assert "eliminated" not in without["recipe"]
+  assert "learning_rate_x0.002" not in members(without)
+  assert members(with_test) == members(without)
+  timeless = lambda m: {k: v for k, v in m.items() if k != "eval_seconds"}  # noqa: E731
+  assert timeless(with_test["final"]) == timeless(without["final"])

@@ -71,8 +71,10 @@ def test_search_grid_multiplies_and_sets():
 
 
 def test_recipe_chooses_the_best_validation_candidate_and_resumes(tmp_path):
-  # One learning rate that barely learns, one that does.
-  c = tiny_synthetic_recipe(1500, 300, **{"recipe.search": "table.learning_rate*=0.01,1"})
+  # One learning rate that barely learns, one that does; both trained to the end (no paired test,
+  # which would stop the first at its rung: test_candidate_group).
+  c = tiny_synthetic_recipe(1500, 300, **{"recipe.search": "table.learning_rate*=0.01,1",
+                                          "recipe.drop_behind_z": 0.0})
   res = recipes.run(c, tmp_path)
   table = res["recipe"]["candidates"]
   assert [t["name"] for t in table] == ["learning_rate_x0.01", "learning_rate_x1"]

@@ -227,3 +227,30 @@ def test_strata_must_fit_the_model_axis():
   from snm_jax.mining import negatives  # pylint: disable=g-import-not-at-top
   with pytest.raises(ConfigError, match="mining.num_strata.*model size 8"):
     negatives.for_sampler(StratifiedSampler(K, B, num_strata=4), sharding.make_mesh((1, 8)))
+
+
+@pytest.mark.parametrize("mesh_shape,row_opt", [((1, 1), "sgd"), ((2, 4), "momentum")])
+def test_full_sampler_scores_positives_in_the_shared_product(mesh_shape, row_opt, monkeypatch):
+  """The full sampler draws every row once, in order: the positive's score is taken from the shared
+  scores and the table's update is dense (`positives_in_scores`). Same steps as gathering, scoring
+  and updating the positives' rows apart (the other layouts' way), to float tolerance; on (2, 4)
+  the positives are owned by four model shards."""
+  from snm_jax.mining import negatives as negatives_lib  # pylint: disable=import-outside-toplevel
+  full = StratifiedSampler(K, K, num_strata=V, full=True)
+  spec = loss_spec(kind="full_softmax")
+  new = make(mesh_shape, sampler=full, spec=spec, row_opt=row_opt)
+  monkeypatch.setattr(negatives_lib.SharedNegatives, "positives_in_scores", False)
+  ref = make(mesh_shape, sampler=full, spec=spec, row_opt=row_opt)
+  s_new, s_ref = new["state"], ref["state"]
+  for i in range(3):
+    key = jax.random.fold_in(KEY, i)
+    s_new, m_new = new["step"](s_new, new["batch"], key)
+    s_ref, m_ref = ref["step"](s_ref, ref["batch"], key)
+    np.testing.assert_allclose(float(m_new["pos_score"]), float(m_ref["pos_score"]), rtol=1e-5)
+  np.testing.assert_allclose(float(m_new["loss"]), float(m_ref["loss"]), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(s_new.table), np.asarray(s_ref.table), atol=2e-6)
+  for a, b in zip(jax.tree.leaves((s_new.params, s_new.table_state)),
+                  jax.tree.leaves((s_ref.params, s_ref.table_state))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6)
+  moved = np.abs(np.asarray(s_new.table) - np.asarray(new["state"].table)).sum(1) > 0
+  assert moved.all()  # every label's row is a negative or a positive of the full softmax

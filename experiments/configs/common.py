@@ -235,6 +235,10 @@ def base_config() -> ml_collections.ConfigDict:
   # recipe.ensemble) train on; the others stop and are never evaluated on test. 0 = off.
   c.recipe.halving = 3
   c.recipe.rungs = 2              # Rungs of the successive halving (recipe.halving > 1).
+  # At each rung, also stop the candidates clearly behind the leader, even below recipe.ensemble:
+  # the mean over the validation points of the paired difference in eval.select_metric (a P@k, R@k
+  # or nDCG@k) above this many standard errors (snm_jax/train/recipes/candidates.py). 0 = off.
+  c.recipe.drop_behind_z = 0.0
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.initialize = "auto"  # auto (if the environment names a coordinator) | yes | no.

@@ -21,6 +21,10 @@ Layouts (N examples, S draws, M model shards, h embedding width):
   SharedNegatives      one set of S ids for the whole minibatch, drawn per
                        stratum on the shard owning it; scores one (n, S/M)
                        matmul per shard. `StratifiedSampler(per_example=False)`.
+                       With the full sampler (every label once, in table order:
+                       `positives_in_scores`) each positive's score is a column
+                       of those scores, so no positive row is gathered, scored
+                       or updated apart, and the update is dense.
   PerExampleNegatives  S ids per example, each shard drawing its strata's share:
                        ids (N, S) sharded (data, model), rows (n, S/M, h).
                        `StratifiedSampler(per_example=True)`.
@@ -57,6 +61,7 @@ class Draws(NamedTuple):
   log_q_pos: jax.Array  # (N,): the same for each example's positive
   rows: jax.Array       # gathered drawn rows, `rows_spec`
   pos_rows: jax.Array   # (M, N, h): each shard's rows of the positives it owns, zeros elsewhere
+                        # ((M, N, 0) when the layout's `positives_in_scores`)
   owned: jax.Array      # (M, N) bool: which shard owns each positive
 
 
@@ -67,6 +72,9 @@ class Negatives(Protocol):
   table_rows: int
   ids_spec: Any
   rows_spec: Any
+  # True: the draws are every row of each shard once, in order (the full sampler); the positives'
+  # scores are columns of the local scores (`positive_column`) and their rows are not gathered.
+  positives_in_scores: bool
 
   def draw_and_gather(self, table, batch, key) -> Draws: ...
 
@@ -84,6 +92,16 @@ def _positive_rows(table_l, labels_l):
   owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
   pos_rows = precision.upcast(jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip"))
   return jnp.where(owned[:, None], pos_rows, 0.0), owned
+
+
+def positive_column(scores_l, labels_l):
+  """(n,) each example's score against its positive, taken from this shard's scores (n, k_loc)
+  of all its rows in order (the full sampler), zero where another shard owns the label. A
+  masked sum, not a gather: its gradient is dense, with no scatter into the (n, k_loc) scores."""
+  k_loc = scores_l.shape[-1]
+  local = labels_l - jax.lax.axis_index(MODEL) * k_loc
+  hit = jnp.arange(k_loc)[None, :] == local[:, None]
+  return jnp.sum(jnp.where(hit, scores_l, 0.0), axis=-1)
 
 
 class Scorer(Protocol):
@@ -134,12 +152,19 @@ class _StratifiedNegatives:
     self.table_rows = sampler.padded_labels
     self.strata_per_shard = sampler.num_strata // num_model
 
+  positives_in_scores = False
+
   def _sample_gather(self, table_l, labels_l, example_ids_l, key, *cdf_l):
     j = jax.lax.axis_index(MODEL)
     k_loc = table_l.shape[0]
     strata = j * self.strata_per_shard + jnp.arange(self.strata_per_shard)
     cdf = cdf_l[0].reshape(self.strata_per_shard, -1) if cdf_l else None
     ids, log_q = self.sampler.sample_strata(key, strata, example_ids_l, cdf)
+    if self.positives_in_scores:  # every row, in order: the shard itself, no gather
+      rows = precision.upcast(table_l)
+      pos_rows = jnp.zeros((labels_l.shape[0], 0), jnp.float32)
+      owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
+      return ids, log_q, rows, pos_rows[None], owned[None]
     # In range by construction (a shard draws from its own rows), hence "clip":
     # it skips the out-of-range masking of the default mode.
     rows = precision.upcast(jnp.take(table_l, ids - j * k_loc, axis=0, mode="clip"))
@@ -163,6 +188,10 @@ class _StratifiedNegatives:
 class SharedNegatives(_StratifiedNegatives):
   """One set of S stratified draws shared by the minibatch (`StratifiedSampler(per_example=False)`)."""
   ids_spec, rows_spec = P(MODEL), P(MODEL, None)
+
+  @property
+  def positives_in_scores(self) -> bool:
+    return self.sampler.full
 
   def local_scores(self, q_l, rows_l, ids_l, log_q_l, scorer):
     scores = scorer.shared(q_l, rows_l)
@@ -204,6 +233,7 @@ class GlobalNegatives:
   every shard gathers (and later updates) the rows of the draws its row range holds.
   """
   ids_spec, rows_spec = P(DATA, None), P(MODEL, DATA, None, None)
+  positives_in_scores = False
 
   def __init__(self, source, mesh, table_rows: int | None = None):
     self.source, self.mesh = source, mesh

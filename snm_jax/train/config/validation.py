@@ -11,6 +11,7 @@ from snm_jax.errors import ConfigError
 from snm_jax.losses import registry as losses_registry
 from snm_jax.train.config import sample_schedule
 from snm_jax import losses
+from snm_jax.metrics import per_point_metric
 from snm_jax.models import precision
 from snm_jax.train.config.builders import (COSINE_KINDS, DECAYS, DENSE_KINDS, FILE_FIELDS, LOSS_KINDS,
                                            MODEL_KINDS, REDUCTIONS, SAMPLERS, VARTHETAS, field_or_default,
@@ -137,6 +138,15 @@ def _validate_recipe(config) -> None:
   if halving == 1:
     raise ConfigError("recipe.halving", "1 would keep every candidate: set 0 (off) or an integer > 1")
   _int("recipe.rungs", field_or_default(r, "rungs", 1), 1)
+  drop_z = field_or_default(r, "drop_behind_z", 0.0)
+  _real("recipe.drop_behind_z", drop_z, 0)
+  if drop_z > 0:
+    select = field_or_default(config.eval, "select_metric", "P@1")
+    try:
+      per_point_metric(select)
+    except ValueError as e:
+      raise ConfigError("recipe.drop_behind_z", f"the paired test needs eval.select_metric to be a mean "
+                        f"over points: {e}") from None
   if members != 1 and r.refit:
     raise ConfigError("recipe.ensemble", "an ensemble of candidates cannot be refit on the whole "
                       "training file (recipe.refit=True): set recipe.ensemble=1 or recipe.refit=False")

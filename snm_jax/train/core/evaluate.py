@@ -88,7 +88,9 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
   if run_data.synthetic is not None and split == "test":
     bayes_features = run_data.synthetic.test.features[:evaluator.num_points]
 
-  def evaluate(state) -> dict:
+  def evaluate(state, per_point: str | None = None):
+    """The metrics (dict); with `per_point` a metric of `metrics.PER_POINT` such as "nDCG@5",
+    (the metrics, that metric's value at each point (num_points,))."""
     t0 = time.perf_counter()
     pred, loglik = evaluator.predict(state.tower_params(), state.table)
     split_labels = evaluator.batcher.labels
@@ -102,9 +104,13 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
       b_out = multilabel_metrics(np.asarray(bayes), split_labels, propensities, config.eval.k_max)
       out.update({f"bayes/{k}": v for k, v in b_out.items()})
     out["eval_seconds"] = time.perf_counter() - t0
-    return out
+    if per_point is None:
+      return out
+    name, k = metrics.per_point_metric(per_point)
+    return out, metrics.PER_POINT[name](pred, split_labels, k)[:, k - 1]
 
   return evaluate
+
 
 
 def leaf_order_rows(label_of_leaf, model_shards: int, row_block: int) -> tuple[np.ndarray, int]:

@@ -101,7 +101,7 @@ def get_row_optimizer(name: str, **kwargs) -> RowOptimizer:
 
 
 def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_unique: bool = False,
-                     rounding: str = "nearest", key=None, row_offset=0):
+                     rounding: str = "nearest", key=None, row_offset=0, every_row: bool = False):
   """Applies `opt` to the rows of `table` named by `row_ids`.
 
   Args:
@@ -118,6 +118,8 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_un
     rounding, key, row_offset: for a table narrower than float32 (module docstring), how the
       float32 rows are written back ("nearest" | "stochastic"); stochastic rounding draws from
       `key` and the global row id row_offset + local id. Ignored for float32 tables.
+    every_row: row_ids are the rows 0..R_local-1 in order, some marked R_local (untouched: the
+      padding labels); T = R_local. The same update, dense: no merge, gather or scatter.
   Returns:
     (table, state) with only the touched rows changed; cost O(T h + T log T),
     or O(T h) for an additive optimiser (SGD) without weight decay. With
@@ -130,6 +132,8 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_un
   row_ids = jnp.where((row_ids >= 0) & (row_ids < num_rows), row_ids, num_rows)
   wd = opt.weight_decay
   reduced = precision.is_reduced(table.dtype)
+  if every_row:
+    return _update_every_row(table, state, row_ids < num_rows, grads, lr, opt, rounding, key, row_offset)
   if opt.additive and not reduced:
     step = (-lr * grads).astype(table.dtype)
     table = table.at[row_ids].add(step, mode="drop")
@@ -157,3 +161,18 @@ def apply_row_update(table, state, row_ids, grads, lr, opt: RowOptimizer, cap_un
   state = jax.tree.map(lambda s, n: s.at[unique].set(n.astype(s.dtype), mode="drop"),
                        state, new_state_rows)
   return table, state
+
+
+def _update_every_row(table, state, touched, grads, lr, opt: RowOptimizer, rounding, key, row_offset):
+  """`apply_row_update` when grads (R_local, h) holds every row's gradient in order: the rows
+  `touched` (R_local,) bool get the update, the others keep their values."""
+  reduced = precision.is_reduced(table.dtype)
+  rows = precision.upcast(table) if reduced else table
+  new_rows, new_state = opt.update(rows, grads.astype(rows.dtype), state, lr)
+  if opt.weight_decay:
+    new_rows = new_rows * (1.0 - lr * opt.weight_decay)
+  if reduced:
+    new_rows = precision.round_rows(new_rows, table.dtype, rounding, key,
+                                    jnp.arange(table.shape[0]) + row_offset)
+  keep = lambda new, old: jnp.where(touched.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)  # pylint: disable=unnecessary-lambda-assignment
+  return keep(new_rows, table), jax.tree.map(keep, new_state, state)

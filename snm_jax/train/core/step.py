@@ -217,9 +217,12 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
   mask_hits = losses_registry.masks_accidental_hits(loss.kind, loss.mask_accidental_hits)
 
   # ---- 2. score + loss, per model shard -------------------------------------
-  def sharded_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l):
-    pos = loss.logit_scale * jax.lax.psum(scorer.positive(q_l, pos_rows_l[0]), MODEL)
+  def sharded_loss(q_l, rows_l, pos_rows_l, ids_l, log_q_l, label_set_l, log_q_pos_l, labels_l):
     scores, score_at, ids, log_q, mine = negatives.local_scores(q_l, rows_l, ids_l, log_q_l, scorer)
+    if negatives.positives_in_scores:  # the full sampler: the positive is one of the scored rows
+      pos = jax.lax.psum(negatives_lib.positive_column(scores, labels_l), MODEL)
+    else:
+      pos = loss.logit_scale * jax.lax.psum(scorer.positive(q_l, pos_rows_l[0]), MODEL)
     excluded = label_set_l if mask_hits else jnp.full_like(label_set_l, -1)  # padding excludes nothing
     hit = jnp.any(ids[:, :, None] == excluded[:, None, :], axis=-1)
     valid = (ids < negatives.num_labels) & ~hit & mine
@@ -234,7 +237,7 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
   sharded_loss = jax.shard_map(
       sharded_loss, mesh=mesh,
       in_specs=(P(DATA, None), negatives.rows_spec, P(MODEL, DATA, None), negatives.ids_spec,
-                negatives.ids_spec, P(DATA, None), BATCH),
+                negatives.ids_spec, P(DATA, None), BATCH, BATCH),
       out_specs=(BATCH, BATCH, BATCH, BATCH))
 
   def reduce(per_ex, valid):
@@ -262,7 +265,7 @@ def make_loss_and_grads(*, tower_apply: Callable, sampler, loss: LossSpec, mesh,
         q = tower_apply(params, *tower_inputs(batch), **kw)
       q, values = (q, None) if delta is None else (q[0], bag_values(q[1]["intermediates"]))
       per_ex, pos, hardest, n_valid = sharded_loss(q, rows, pos_rows, draws.ids, draws.log_q,
-                                                   batch["label_set"], draws.log_q_pos)
+                                                   batch["label_set"], draws.log_q_pos, batch["label"])
       per_ex = jnp.where(batch["valid"], per_ex, 0.0)
       return reduce(per_ex, batch["valid"]), (per_ex, pos, hardest, n_valid, values)
 
@@ -369,6 +372,9 @@ def make_table_update(negatives, mesh, row_opt: RowOptimizer, rounding: str = "n
     local = ids_l - j * k_loc
     neg_ids = jnp.where((ids_l < negatives.num_labels) & (local >= 0) & (local < k_loc), local,
                         k_loc).reshape(-1)
+    if negatives.positives_in_scores:  # every row once, in order; the positives' gradient is in it
+      return apply_row_update(table_l, tstate_l, neg_ids, row_grads_l.reshape(-1, h), lr, row_opt,
+                              rounding=rounding, key=key, row_offset=j * k_loc, every_row=True)
     pos_ids = jnp.where(owned, labels - j * k_loc, k_loc)
     row_ids = jnp.concatenate([neg_ids, pos_ids])
     grads = jnp.concatenate([row_grads_l.reshape(-1, h), pos_grads])

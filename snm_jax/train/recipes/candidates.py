@@ -13,6 +13,8 @@ train.num_steps / eta^j (j = recipe.rungs .. 1) every group is advanced to the r
 still training are ranked by their best validation `eval.select_metric` so far (the mean over
 their splits), and only the best ceil(n / eta) -- at least `recipe.ensemble`, so the ensemble step
 keeps its choice -- go on; the others stop (eliminated.json) and are never evaluated on test.
+With `recipe.drop_behind_z` = z > 0, a rung also stops every candidate that is clearly behind the
+leader (`clearly_behind`: a paired z-test on the validation points), even below recipe.ensemble.
 """
 
 from __future__ import annotations
@@ -56,6 +58,35 @@ def survivors(values: dict[str, float], keep: int) -> list[str]:
   names = list(values)
   order = sorted(range(len(names)), key=lambda i: (-values[names[i]], i))[:keep]
   return [names[i] for i in sorted(order)]
+
+
+def clearly_behind(points: dict[str, dict], values: dict[str, float], z: float) -> dict[str, float]:
+  """The candidates clearly behind the leader, each with its z.
+
+  points: candidate -> {validation split: its selection metric at each validation point of the
+  split, at its best state so far}; values: candidate -> its best value (the mean over its
+  splits), whose largest is the leader (ties: the earlier). A candidate is behind when the mean
+  of the paired differences d_i = leader_i - candidate_i over the points of the splits both have
+  exceeds z standard errors (std(d) / sqrt(n)): the points are shared, so the noise of the
+  validation sample largely cancels in d, and what remains is measured rather than assumed."""
+  names = [n for n in values if n in points]
+  if len(names) < 2:
+    return {}
+  leader = max(names, key=lambda n: (values[n], -names.index(n)))
+  out = {}
+  for name in names:
+    common = sorted(set(points[name]) & set(points[leader]))
+    if name == leader or not common:
+      continue
+    d = np.concatenate([np.asarray(points[leader][s], np.float64) - points[name][s] for s in common])
+    if d.size < 2:
+      continue
+    se = float(np.std(d, ddof=1)) / math.sqrt(d.size)
+    mean = float(np.mean(d))
+    score = math.inf if se == 0 and mean > 0 else (mean / se if se > 0 else 0.0)
+    if score > z:
+      out[name] = score
+  return out
 
 
 def finished(config, workdir) -> dict | None:
@@ -150,9 +181,21 @@ def train(recipe_config, members, mesh) -> dict:
       if dropped:
         logging.info("[candidates] successive halving at step %d: %d of %d go on (%s); stopped: %s",
                      rung, len(keep_names), len(values), sorted(keep_names), dropped)
-      for n in dropped:
-        reason = {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep_names),
-                  "candidates_ranked": len(values), "candidate_value": values[n]}
+      reasons = {n: {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep_names),
+                     "candidates_ranked": len(values), "candidate_value": values[n]} for n in dropped}
+      z = float(recipe_config.recipe.get("drop_behind_z", 0.0))
+      if z > 0:
+        points = {n: {s: g.best_points[f"{n}@{s}"] for ms, g in built for m, s, _, _ in ms
+                      if m == n and f"{m}@{s}" in g.best_points} for n in keep_names}
+        behind = clearly_behind(points, {n: values[n] for n in values if n in keep_names}, z)
+        if behind:
+          logging.info("[candidates] at step %d, clearly behind the leader (paired z > %g): %s", rung, z,
+                       {n: round(v, 2) for n, v in behind.items()})
+        for n, score in behind.items():
+          reasons[n] = {"rule": f"clearly behind the leader: paired z = {score:.2f} > recipe.drop_behind_z = {z:g}",
+                        "rung_step": rung, "kept": sorted(set(keep_names) - set(behind)),
+                        "candidates_ranked": len(values), "candidate_value": values[n], "z": score}
+      for n, reason in reasons.items():
         for group_members, g in built:
           g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
     for group_members, g in built:

@@ -32,6 +32,7 @@ import numpy as np
 from absl import logging
 
 from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
+from snm_jax import metrics
 from snm_jax.errors import ConfigError
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
 from snm_jax.train.runtime.progress import Progress
@@ -122,6 +123,15 @@ class CandidateGroup:
     self.num_steps, self.eval_every = config.train.num_steps, config.train.eval_every
     self.batch_size = config.train.batch_size
     self.select_metric = config.eval.select_metric
+    # The selection metric at each validation point of each member's best state, kept when it is a
+    # mean over points (`metrics.per_point_metric`): the recipe's paired test of "clearly behind"
+    # (`snm_jax.train.recipes.candidates.clearly_behind`) reads it.
+    try:
+      metrics.per_point_metric(self.select_metric)
+      self._per_point = self.select_metric
+    except ValueError:
+      self._per_point = None
+    self.best_points = {}               # name -> (num validation points,) at its selected state
     self.member_shardings = jax.tree.map(lambda x: x.sharding, first.state)
     self.progress = {n: Progress() for n in self.names}
     self.best = {}                      # name -> its selected state (device)
@@ -220,7 +230,10 @@ class CandidateGroup:
         self._diverged(name, f"{why} in candidate group member {name}")
         stopped.append(name)
         continue
-      val = self.tasks[name].evaluators["validation"](state)
+      if self._per_point is None:
+        val, points = self.tasks[name].evaluators["validation"](state), None
+      else:
+        val, points = self.tasks[name].evaluators["validation"](state, per_point=self._per_point)
       value = loop.selection_value(config, val)
       progress = self.progress[name]
       progress.history.append({"step": self.step, "time": time.time(),  # wall clock, for time-to-quality
@@ -229,6 +242,8 @@ class CandidateGroup:
       if progress.record_selection(self.step, value):
         # serial: the state's buffers are donated to the next step, so the best one is a copy
         self.best[name] = state if self.mode == "vmap" else jax.tree.map(jnp.copy, state)
+        if points is not None:
+          self.best_points[name] = points
       if progress.out_of_patience(config.train.patience):
         progress.stopped_early = True
         stopped.append(name)
