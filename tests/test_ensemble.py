@@ -126,7 +126,7 @@ def test_an_ensemble_of_one_may_be_refit():  # the bad values: test_config_valid
 
 def test_recipe_with_ensemble_records_m_and_members_and_resumes(tmp_path):
   c = tiny_synthetic_recipe(**{"recipe.search": "table.learning_rate*=0.5,1",
-                             "recipe.ensemble": 0})
+                             "recipe.ensemble": 0, "recipe.drop_behind_z": 0.0})  # both to the end
   res = recipes.run(c, tmp_path)
   rec = res["recipe"]["ensemble"]
   table = res["recipe"]["candidates"]
