@@ -202,3 +202,17 @@ def test_defaults_validate_and_change_nothing():
   validation.validate(c, 100)
   assert (c.optimizer.weight_decay, c.table.weight_decay, c.model.dropout, c.model.feature_dropout,
           c.table.warmup_steps, c.table.decay) == (0.0, 0.0, 0.0, 0.0, 0, "constant")
+
+
+@pytest.mark.parametrize("overrides,dense", [
+    ({"mining.k": 16, "mining.num_samples": 64}, True),       # S = 4 k: two matmuls beat the rescoring
+    ({"mining.k": 1, "mining.num_samples": 64}, False),       # S = 64 k: rescore the hardest
+    ({"mining.k": 16, "mining.num_samples": 4096}, False),
+    ({"mining.k": 16, "mining.num_samples": 64, "mining.per_example": True}, False),  # N x S x h einsums
+    ({"mining.k": 16, "mining.num_samples": 64, "mining.vartheta": "negative_sampling"}, False),  # no head
+])
+def test_the_score_gradient_is_dense_only_where_it_is_cheaper(overrides, dense):
+  c = _config(**{"loss.kind": "bowl", "mining.sampler": "uniform", "mining.vartheta": "top_k",
+                 "mining.num_strata": 1, **overrides})
+  spec = builders.make_loss_spec(c, 1000)
+  assert spec.dense_score_grad is dense

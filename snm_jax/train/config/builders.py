@@ -66,7 +66,26 @@ def make_loss_spec(config, num_labels: int) -> LossSpec:
   return LossSpec(kind=kind, phi=phi, head_minus_tail=head, tail=float(tail), mined_k=mined_k,
                   logit_scale=float(config.loss.logit_scale), reduction=config.loss.reduction,
                   k_prime=int(config.loss.k_prime), lam=float(config.loss.adv_lambda),
-                  mask_accidental_hits=field_or_default(config.loss, "mask_accidental_hits", None))
+                  mask_accidental_hits=field_or_default(config.loss, "mask_accidental_hits", None),
+                  dense_score_grad=dense_score_grad(config, len(head) or mined_k))
+
+
+# The rescored top-k gradient (`LossSpec.dense_score_grad=False`) pays a gather of N x k rows and a
+# scatter-add of their gradients; the dense one two more N x S x h matmuls. Counting each at the
+# rate it ran (the step benchmark, N=256, B=4096, h=128, k=16: 0.13 and 0.28 of the matmul peak),
+# the rescored one is faster only while S > ~8 k; on Bibtex's SNM tower (S = 64 shared draws, h =
+# 512) top-16 took 97 ms a step rescored against 59 ms dense.
+RESCORE_MIN_RATIO = 8
+
+
+def dense_score_grad(config, rescored_k: int) -> bool:
+  """Whether the ordered weighted losses (and the mined softmax) differentiate all N x S scores
+  rather than the k rescored ones: for shared draws (one N x S product) when S < RESCORE_MIN_RATIO
+  x k. Per-example and global draws keep the rescored gradient (their scores are N x S x h einsums,
+  not one product)."""
+  m = config.mining
+  shared = m.sampler in ("uniform", "unigram", "full") and not m.per_example
+  return bool(rescored_k) and shared and int(m.num_samples) < RESCORE_MIN_RATIO * rescored_k
 
 
 def make_sampler(config, num_labels: int, label_counts=None):
