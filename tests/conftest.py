@@ -47,13 +47,13 @@ def shared_data_dir():
 # Order only: every test still runs, each file's tests in their own order.
 SLOW_FIRST = ("test_preemption.py", "test_bf16.py", "test_train_step.py", "test_leaf_order_eval.py",
               "test_sparse_input.py", "test_sharded_eval_and_restore.py", "test_train_step_quality.py",
-              "test_num_samples_schedule.py", "test_recipes.py", "test_dense_features_run.py",
+              "test_num_samples_schedule.py", "test_sharded_data.py", "test_recipes.py", "test_dense_features_run.py",
               "test_multihost.py", "test_mined_softmax.py", "test_fault_injection.py",
               "test_reliability.py", "test_trainer_theorem1.py", "test_configs.py",
               "test_candidate_group.py", "test_ablate_report.py", "test_auprc_estimator.py",
               "test_adversarial_training.py", "test_exact_sampler.py", "test_peers.py",
               "test_diagnostics.py", "test_train_loop.py", "test_auprc_experiment.py",
-              "test_split_search.py", "test_sharded_data.py", "test_adversarial_fit.py", "test_adversarial_loss.py",
+              "test_split_search.py", "test_adversarial_fit.py", "test_adversarial_loss.py",
               "test_tree_cache.py")
 
 

@@ -239,7 +239,10 @@ def test_config_gives_k_to_the_loss_and_rejects_what_it_cannot_run():
   c = synthetic_config(**{"loss.kind": "mined_softmax", "mining.num_samples": 32, "mining.k": 5})
   validation.validate(c)
   spec = builders.make_loss_spec(c, 256)
-  assert spec.kind == "mined_softmax" and spec.mined_k == 5 and not spec.dense_score_grad
+  # S = 32 < 8 k: the dense score gradient (builders.dense_score_grad); S = 64 >= 8 k: rescored
+  assert spec.kind == "mined_softmax" and spec.mined_k == 5 and spec.dense_score_grad
+  assert not builders.make_loss_spec(apply_overrides(c.copy_and_resolve_references(),
+                                                     {"mining.num_samples": 64}), 256).dense_score_grad
   assert builders.make_loss_spec(synthetic_config(**{"loss.kind": "sampled_softmax"}), 256).mined_k == 0
   assert registry.masks_accidental_hits("mined_softmax") is True
   for overrides, field in [({"mining.k": 33}, "mining.k"), ({"mining.k": 0}, "mining.k"),

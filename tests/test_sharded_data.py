@@ -202,3 +202,32 @@ def test_the_recipe_reads_the_shards_as_it_reads_memory(bibtex_shards, tmp_path)
   assert recipe.ovr_settings(full, stats, recipe.derive(full, stats)) is None
   assert recipe.ovr_settings(with_overrides(base, {"recipe.search": "auto"}), stats,
                              recipe.derive(full, stats)) is not None
+
+
+def test_the_tree_sampler_fits_on_a_sample_read_from_the_shards(bibtex_shards, tmp_path):
+  """adversarial.fit_max_points = n: the tree is fitted on n seeded training points, read by index
+  from the shards or cut from memory: the same tree, hence the same trained state. Without a bound
+  the sharded run is refused (its training split is never loaded whole)."""
+  from experiments.configs import adversarial  # pylint: disable=import-outside-toplevel
+  from snm_jax.train.config.overrides import apply_overrides  # pylint: disable=import-outside-toplevel
+  from snm_jax.train.trainer.classification import tree_fit_sample  # pylint: disable=import-outside-toplevel
+  out, meta = bibtex_shards
+  rows = tree_fit_sample(meta.splits["train"].num_rows, 1500, 0)
+  assert rows.size == 1500 and np.all(np.diff(rows) > 0)
+  assert tree_fit_sample(100, 0, 0) is None and tree_fit_sample(100, 100, 0) is None
+
+  def run(name, **overrides):
+    c = apply_overrides(adversarial.get_config("bibtex,method=adversarial,runlocal"), {
+        "dataset.validation_fraction": 0.1, "dataset.validation_seed": 2, "eval.select_metric": "P@1",
+        "adversarial.pca_dim": 4, "mesh.shape": (1, 1), "train.num_steps": 12, "train.eval_every": 6,
+        "train.checkpoint_every": 0, "train.fingerprint": True, "eval.max_examples": 200,
+        "adversarial.fit_max_points": 1500, **overrides})
+    return train_and_evaluate(c, tmp_path / name)
+
+  memory = run("memory")
+  sharded = run("sharded", **{"dataset.format": "sharded", "dataset.shards": str(out)})
+  assert sharded["state_fingerprint"] == memory["state_fingerprint"]
+  assert sharded["tree_rounds_per_level"] == memory["tree_rounds_per_level"]
+  with pytest.raises(ConfigError, match=r"adversarial\.fit_max_points"):
+    run("unbounded", **{"dataset.format": "sharded", "dataset.shards": str(out),
+                        "adversarial.fit_max_points": 0})

@@ -152,6 +152,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.adversarial.node_reg = 0.1        # lambda_n of each node's Newton fit.
   c.adversarial.max_reassign_iters = 1000  # Safety cap: each level re-assigns until no label moves.
   c.adversarial.debias_eval = True    # Predict with xi + log p_n(y|x) (Eq. 5).
+  # Fit the tree on a uniform, seeded sample of at most this many training points (their (point,
+  # label) pairs); 0 = every point (in memory only: with dataset.format=sharded it must be > 0).
+  c.adversarial.fit_max_points = 0
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1)          # (data, model); one entry may be -1.

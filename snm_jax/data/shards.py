@@ -202,17 +202,20 @@ def percentile_from_histogram(hist: list[int], percentile: float) -> int:
   return int(np.searchsorted(np.cumsum(counts), rank + 1))
 
 
-def read_split(path, split: str, chunk_rows: int = 65_536, meta: Metadata | None = None):
+def read_split(path, split: str, chunk_rows: int = 65_536, meta: Metadata | None = None,
+               rows: np.ndarray | None = None):
   """Split `split` of the converted dataset at `path` in host memory, as the in-memory path holds
   a split: (features CSR (N, d) float32, or dense (N, d), labels CSR (N, K) float32). For the
-  evaluation splits; a training split is read by index while training (`pipeline.ShardedRows`).
-  `meta`: the dataset's metadata if already read."""
+  evaluation splits, and a bounded sample of a training split (the tree sampler's fit); a training
+  split is read by index while training (`pipeline.ShardedRows`). `meta`: the dataset's metadata if
+  already read; `rows`: only these records (int (n,), in that order), None for all."""
   import grain  # pylint: disable=g-import-not-at-top
   meta = meta or read_metadata(path)
   source = grain.sources.ArrayRecordDataSource(split_paths(path, meta, split))
+  rows = np.arange(len(source)) if rows is None else np.asarray(rows, np.int64)
   feats, labs = [], []
-  for lo in range(0, len(source), chunk_rows):
-    block = records.decode(source.__getitems__(list(range(lo, min(lo + chunk_rows, len(source))))))
+  for lo in range(0, rows.size, chunk_rows):
+    block = records.decode(source.__getitems__([int(r) for r in rows[lo:lo + chunk_rows]]))
     n = block.example_id.size
     labs.append(sp.csr_matrix((np.ones(block.label_ids.size, np.float32), block.label_ids,
                                block.label_indptr), shape=(n, meta.num_labels)))

@@ -331,6 +331,8 @@ def validate(config, num_labels: int | None = None) -> None:
     _real("adversarial.node_reg", a.node_reg, 0)
     _int("adversarial.max_reassign_iters", a.max_reassign_iters, 0)
     _bool("adversarial.debias_eval", a.debias_eval)
+    _int("adversarial.fit_max_points", field_or_default(a, "fit_max_points", 0), 0,
+         note=" (0 = every training point)")
   # ---- mesh
   shape = tuple(config.mesh.shape) if isinstance(config.mesh.shape, (tuple, list)) else None
   if (shape is None or len(shape) != 2 or not all(_is_int(v) and (v >= 1 or v == -1) for v in shape)
@@ -498,8 +500,10 @@ def _validate_format(config) -> None:
   if d.conversion not in PER_ROW:
     raise ConfigError("dataset.conversion", f"{d.conversion!r} lists every example up front; the "
                       f"sharded path takes the per-row conversions {PER_ROW}")
-  refused = (("mining.sampler", config.mining.get("sampler") == "tree",
-              "the tree sampler is fitted on the whole training matrix"),
+  refused = (("adversarial.fit_max_points", config.mining.get("sampler") == "tree"
+              and not config.adversarial.get("fit_max_points", 0),
+              "the tree sampler is fitted on a bounded sample of the training split read from the "
+              "shards: set adversarial.fit_max_points > 0 (e.g. 1000000)"),
              ("diagnostics.every", config.get("diagnostics") is not None and config.diagnostics.every > 0,
               "the diagnostics probe batch is cut from the training matrix"),
              ("recipe.splits", bool(config.get("recipe") and config.recipe.get("name", "")

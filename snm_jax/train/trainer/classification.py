@@ -15,9 +15,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
 from snm_jax import sharding
+from snm_jax.data import shards
 from snm_jax.data.conversions import conversion_fn
 from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, make_global_batch, process_data_slice
 from snm_jax.errors import ConfigError
@@ -230,6 +232,29 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
   return state
 
 
+def tree_fit_sample(num_points: int, max_points: int, seed: int) -> np.ndarray | None:
+  """The training points the tree is fitted on: None (every point) when max_points is 0 or >=
+  num_points, else a uniform sample of max_points of them without replacement, seeded, sorted
+  (numpy's Generator.choice: O(max_points) memory whatever num_points)."""
+  if not max_points or max_points >= num_points:
+    return None
+  return np.sort(np.random.default_rng([seed, 0x7EE]).choice(num_points, max_points, replace=False))
+
+
+def _tree_fit_points(config, run_data):
+  """(features (n, d) CSR, label sets (n, K) CSR) of the points the tree is fitted on
+  (`adversarial.fit_max_points`, `tree_fit_sample`): from memory, or read by index from the shards."""
+  max_points = int(builders.field_or_default(config.adversarial, "fit_max_points", 0))
+  if run_data.sharded:
+    train = run_data.train
+    rows = tree_fit_sample(train.num_rows, max_points, config.seed)
+    return shards.read_split(train.path, train.split, meta=train.meta, rows=rows)
+  rows = tree_fit_sample(run_data.train.features.shape[0], max_points, config.seed)
+  if rows is None:
+    return run_data.train.features, run_data.train.labels
+  return run_data.train.features[rows], run_data.train.labels[rows]
+
+
 def _fit_tree(config, run_data):
   """Fits Bamler & Mandt's tree on the training (point, label) pairs of the conversion, or loads
   the identical fit from the tree cache (`snm_jax.adversarial.cache`); returns (sampler, per-level
@@ -239,8 +264,9 @@ def _fit_tree(config, run_data):
   if not 0 < config.adversarial.pca_dim <= run_data.num_features:
     raise ConfigError("adversarial.pca_dim", f"{config.adversarial.pca_dim} must be in "
                       f"[1, num_features={run_data.num_features}]")
-  rows, labels = conversion_fn(config.dataset.conversion, run_data.train.labels, config.seed)(0)
-  features = run_data.train.features[rows]
+  features, labels = _tree_fit_points(config, run_data)
+  rows, labels = conversion_fn(config.dataset.conversion, labels, config.seed)(0)
+  features = features[rows]
   settings = dict(pca_dim=config.adversarial.pca_dim, reg=config.adversarial.node_reg,
                   max_reassign_iters=config.adversarial.max_reassign_iters)
   key = cache.fit_key(features, labels, run_data.num_labels, **settings) if cache.cache_dir() else None
