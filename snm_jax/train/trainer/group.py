@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 from snm_jax import metrics
+from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 from snm_jax.errors import ConfigError
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
 from snm_jax.train.runtime.progress import Progress
