@@ -181,12 +181,12 @@ class SparseBatcher:
   Order: global batch b of epoch e holds positions [b*G, (b+1)*G) of epoch e's permutation of
   the M examples, Grain's index shuffle (`grain.experimental.index_shuffle`, 4 rounds, seed
   `seed + e`: the permutation of `MapDataset.range(M).shuffle(seed).repeat()`), computed for a
-  window of positions at a time by `snm_jax.data.index_shuffle`, so no O(M) array is built. Process p of P builds only rows [p*G/P, (p+1)*G/P) of it,
-  so the concatenation over processes does not depend on P. The batches are a Grain
-  `MapDataset` indexed by the global step, read through `to_iter_dataset` with
-  `read_threads` background threads (`prefetch` batches ahead; 0: in the caller's thread) and
-  optionally `workers` processes (`mp_prefetch`); the state saved in checkpoints is Grain's
-  iterator state, and any state restores onto any process count.
+  window of positions at a time by `snm_jax.data.index_shuffle`, so no O(M) array is built.
+  Process p of P builds only rows [p*G/P, (p+1)*G/P) of it, so the concatenation over processes
+  does not depend on P. The batches are a Grain `MapDataset` indexed by the global step, read
+  through `to_iter_dataset` with `read_threads` background threads (`prefetch` batches ahead; 0:
+  in the caller's thread) and optionally `workers` processes (`mp_prefetch`); the state saved in
+  checkpoints is Grain's iterator state, and any state restores onto any process count.
 
   Rows with more than `max_nnz` features keep their largest-|value| entries;
   label sets longer than `max_labels` keep their first stored ids. Both are

@@ -85,11 +85,17 @@ class Negatives(Protocol):
   def rows_to_update(self, ids_l, row_grads_l): ...
 
 
+def _owned(labels_l, k_loc):
+  """(n,) bool: whether this model shard's k_loc rows hold each example's positive."""
+  j = jax.lax.axis_index(MODEL)
+  return (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
+
+
 def _positive_rows(table_l, labels_l):
   """This shard's rows of the positives it owns (zeros elsewhere) and the ownership mask."""
   j = jax.lax.axis_index(MODEL)
   k_loc = table_l.shape[0]
-  owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
+  owned = _owned(labels_l, k_loc)
   pos_rows = precision.upcast(jnp.take(table_l, labels_l - j * k_loc, axis=0, mode="clip"))
   return jnp.where(owned[:, None], pos_rows, 0.0), owned
 
@@ -163,8 +169,7 @@ class _StratifiedNegatives:
     if self.positives_in_scores:  # every row, in order: the shard itself, no gather
       rows = precision.upcast(table_l)
       pos_rows = jnp.zeros((labels_l.shape[0], 0), jnp.float32)
-      owned = (labels_l >= j * k_loc) & (labels_l < (j + 1) * k_loc)
-      return ids, log_q, rows, pos_rows[None], owned[None]
+      return ids, log_q, rows, pos_rows[None], _owned(labels_l, k_loc)[None]
     # In range by construction (a shard draws from its own rows), hence "clip":
     # it skips the out-of-range masking of the default mode.
     rows = precision.upcast(jnp.take(table_l, ids - j * k_loc, axis=0, mode="clip"))

@@ -112,7 +112,6 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
   return evaluate
 
 
-
 def leaf_order_rows(label_of_leaf, model_shards: int, row_block: int) -> tuple[np.ndarray, int]:
   """The evaluation's class-table layout in a tree's leaf order, for Eq. 5 block by subtree.
 

@@ -366,15 +366,15 @@ def make_table_update(negatives, mesh, row_opt: RowOptimizer, rounding: str = "n
     j = jax.lax.axis_index(MODEL)
     k_loc, h = table_l.shape
     ids_l, row_grads_l = negatives.rows_to_update(ids_l, row_grads_l)
-    pos_grads = jax.lax.all_gather(pos_grads_l[0], DATA, tiled=True)
-    owned = jax.lax.all_gather(owned_l[0], DATA, tiled=True)
-    labels = jax.lax.all_gather(labels_l, DATA, tiled=True)
     local = ids_l - j * k_loc
     neg_ids = jnp.where((ids_l < negatives.num_labels) & (local >= 0) & (local < k_loc), local,
                         k_loc).reshape(-1)
     if negatives.positives_in_scores:  # every row once, in order; the positives' gradient is in it
       return apply_row_update(table_l, tstate_l, neg_ids, row_grads_l.reshape(-1, h), lr, row_opt,
                               rounding=rounding, key=key, row_offset=j * k_loc, every_row=True)
+    pos_grads = jax.lax.all_gather(pos_grads_l[0], DATA, tiled=True)
+    owned = jax.lax.all_gather(owned_l[0], DATA, tiled=True)
+    labels = jax.lax.all_gather(labels_l, DATA, tiled=True)
     pos_ids = jnp.where(owned, labels - j * k_loc, k_loc)
     row_ids = jnp.concatenate([neg_ids, pos_ids])
     grads = jnp.concatenate([row_grads_l.reshape(-1, h), pos_grads])

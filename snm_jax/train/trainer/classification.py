@@ -244,15 +244,14 @@ def tree_fit_sample(num_points: int, max_points: int, seed: int) -> np.ndarray |
 def _tree_fit_points(config, run_data):
   """(features (n, d) CSR, label sets (n, K) CSR) of the points the tree is fitted on
   (`adversarial.fit_max_points`, `tree_fit_sample`): from memory, or read by index from the shards."""
-  max_points = int(builders.field_or_default(config.adversarial, "fit_max_points", 0))
+  train = run_data.train
+  rows = tree_fit_sample(train.num_points, int(builders.field_or_default(config.adversarial,
+                                                                        "fit_max_points", 0)), config.seed)
   if run_data.sharded:
-    train = run_data.train
-    rows = tree_fit_sample(train.num_rows, max_points, config.seed)
     return shards.read_split(train.path, train.split, meta=train.meta, rows=rows)
-  rows = tree_fit_sample(run_data.train.features.shape[0], max_points, config.seed)
   if rows is None:
-    return run_data.train.features, run_data.train.labels
-  return run_data.train.features[rows], run_data.train.labels[rows]
+    return train.features, train.labels
+  return train.features[rows], train.labels[rows]
 
 
 def _fit_tree(config, run_data):
