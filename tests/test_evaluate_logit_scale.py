@@ -35,3 +35,26 @@ def test_log_likelihood_uses_the_logit_scale():
     np.testing.assert_allclose(loglik, ref[np.arange(n), labels.indices], rtol=1e-4, atol=1e-4)
   np.testing.assert_array_equal(got[1.0][0], got[3.0][0])  # the ranking does not depend on the scale
   assert np.all(got[3.0][1] != got[1.0][1])
+
+
+def test_evaluators_of_equal_towers_share_their_jitted_programs():
+  from snm_jax.mining.retrieval import make_top_k_retrieval
+  from snm_jax.models.towers import LinearQuery
+
+  mesh = sharding.make_mesh((1, 1))
+  kwargs = dict(k=5, num_labels=40, row_block=16)
+  assert make_top_k_retrieval(mesh, **kwargs) is make_top_k_retrieval(mesh, **kwargs)
+  assert make_top_k_retrieval(mesh, **kwargs) is not make_top_k_retrieval(mesh, **{**kwargs, "k": 6})
+  rng = np.random.default_rng(0)
+  features = sp.csr_matrix(rng.normal(size=(12, 6)).astype(np.float32))
+  labels = sp.csr_matrix((np.ones(12, np.float32), rng.integers(0, 40, 12), np.arange(13)), shape=(12, 40))
+
+  def evaluator(module, scale=1.0):
+    return Evaluator(tower_apply=module.apply, features=features, labels=labels, mesh=mesh, num_labels=40,
+                     k=5, query_chunk=8, row_block=16, normalize_classes=True, max_nnz=6, max_labels=1,
+                     logit_scale=scale)
+
+  a, b = evaluator(LinearQuery(num_features=6)), evaluator(LinearQuery(num_features=6))
+  assert a.embed is b.embed  # equal modules: one jitted embedding
+  assert evaluator(LinearQuery(num_features=7)).embed is not a.embed
+  assert evaluator(LinearQuery(num_features=6), 2.0).embed is not a.embed

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from snm_jax.train.trainer import loop
 from snm_jax.train.trainer.loop import train_and_evaluate
 from snm_jax.train.runtime.progress import Progress
 from test_train_loop import synthetic_config
@@ -45,6 +46,26 @@ def test_final_is_the_test_evaluation_of_the_best_validation_state(tmp_path):
   assert res["selected"]["last"]["P@1"] == pytest.approx(hist[-1]["P@1"], abs=1e-12)
   # The validation split is scored and differs from the test one.
   assert any(h["val/P@1"] != h["P@1"] for h in hist)
+
+
+def test_validation_scores_rankings_and_test_also_the_recall_curves(tmp_path, monkeypatch):
+  """Validation is scored for selection only (rankings @k <= eval.k_max); the retrieval recall@r
+  curves, a top-recall_r retrieval, are computed on the test split alone."""
+  keys = {}
+  select = loop._selecting_evaluate
+
+  def spy(config, evaluators, *args):
+    def recording(split, evaluate):
+      return lambda state: keys.setdefault(split, []).append(set(out := evaluate(state))) or out
+    return select(config, {s: recording(s, e) for s, e in evaluators.items()}, *args)
+
+  monkeypatch.setattr(loop, "_selecting_evaluate", spy)
+  res = train_and_evaluate(selection_config(**{"train.num_steps": 20}), tmp_path)
+  assert len(keys["validation"]) == len(keys["test"]) == 2
+  for val, test in zip(keys["validation"], keys["test"]):
+    assert {"P@1", "nDCG@5", "PSP@5"} <= val and not any(k.startswith("recall@r") for k in val)
+    assert {"recall@r", "recall@r/head"} <= test and val < test
+  assert len(res["final"]["recall@r"]) == selection_config().eval.recall_r
 
 
 def test_patience_stops_training_and_a_rerun_does_not_continue(tmp_path):

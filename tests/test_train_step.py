@@ -177,6 +177,21 @@ def test_valid_negatives_metric_counts_the_mask():
   assert expected.min() < expected.max()  # the case exercises hits
 
 
+@pytest.mark.parametrize("lo,hi", [(0, 12), (8, 24), (16, 28)])  # inside, across and past num_labels
+def test_range_valid_count_equals_the_mask(lo, hi):
+  """The full sampler's shard draws lo..hi-1 once each: the range count equals summing the mask."""
+  from snm_jax.mining.negatives import range_valid_count  # pylint: disable=g-import-not-at-top
+  num_labels = 20
+  ids = np.arange(lo, hi, dtype=np.int32)
+  label_set = np.random.default_rng(lo).integers(-1, num_labels, (32, 5)).astype(np.int32)
+  label_set[0] = [lo, lo, -1, hi - 1, 7]
+  hit = np.any(ids[None, :, None] == label_set[:, None, :], axis=-1)
+  expected = np.sum((ids[None] < num_labels) & ~hit, axis=-1)
+  got = np.asarray(range_valid_count(jnp.asarray(ids), jnp.asarray(label_set), num_labels))
+  np.testing.assert_array_equal(got, expected)
+  assert expected.min() < expected.max()
+
+
 def test_additive_sgd_update_equals_the_merged_update():
   """SGD's scatter-add fast path equals the unique + segment-sum path on
   duplicate, out-of-shard and padding ids."""

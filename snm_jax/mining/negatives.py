@@ -139,12 +139,25 @@ def shared_valid_count(ids, label_set, num_labels):
   draws = jnp.sort(ids)
   hits = (jnp.searchsorted(draws, label_set, side="right")
           - jnp.searchsorted(draws, label_set, side="left"))
-  # A label listed twice in a row must be counted once, as the mask does.
+  hits = jnp.where(_first_listing(label_set), hits, 0)
+  return jnp.sum(ids < num_labels) - jnp.sum(hits, axis=-1)
+
+
+def range_valid_count(ids, label_set, num_labels):
+  """`shared_valid_count` for draws that are one contiguous range of labels, each once (the
+  full sampler's shard: ids = lo, lo + 1, ..., hi - 1): a label is drawn iff it lies in the
+  range, so the count needs no sort and no search (they cost ~2 ms of a ~29 ms Delicious step)."""
+  in_range = (label_set >= ids[0]) & (label_set <= ids[-1]) & (label_set < num_labels)
+  return jnp.sum(ids < num_labels) - jnp.sum(in_range & _first_listing(label_set), axis=-1)
+
+
+def _first_listing(label_set):
+  """(n, L) bool: a real label (>= 0) at its first position in the row. A label listed twice in
+  a row must be counted once, as the (n, S) mask does."""
   col = jnp.arange(label_set.shape[1])
   repeat = jnp.any((label_set[:, :, None] == label_set[:, None, :]) & (col[None, :] < col[:, None])[None],
                    axis=-1)
-  hits = jnp.where((label_set >= 0) & ~repeat, hits, 0)
-  return jnp.sum(ids < num_labels) - jnp.sum(hits, axis=-1)
+  return (label_set >= 0) & ~repeat
 
 
 class _StratifiedNegatives:
@@ -206,6 +219,8 @@ class SharedNegatives(_StratifiedNegatives):
 
   def valid_count(self, valid, ids_l, label_set_l):
     del valid
+    if self.sampler.full:  # this shard's rows in order, each once
+      return range_valid_count(ids_l, label_set_l, self.num_labels)
     return shared_valid_count(ids_l, label_set_l, self.num_labels)
 
   def rows_to_update(self, ids_l, row_grads_l):

@@ -12,6 +12,7 @@ the scan and label by label (`bias_at`) in the re-scoring.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -253,6 +254,9 @@ def _rescore_groups(q, table, keys, k, r, per_group, groups, num_labels, row_off
   return vals, jnp.where(vals > -jnp.inf, ids, -1)
 
 
+# Memoised: evaluators of equal arguments (every candidate and run of one shape, bias_fn None or
+# the same function) share one jitted retrieval, so it is traced, lowered and compiled once.
+@functools.lru_cache(maxsize=64)
 def make_top_k_retrieval(mesh, *, k: int, num_labels: int, row_block: int = 4096,
                          normalize_classes: bool = True, bias_fn: Callable | None = None,
                          with_logsumexp: bool = False):
