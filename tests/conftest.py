@@ -43,21 +43,35 @@ def shared_data_dir():
 # its 2 workers (--dist=loadfile) in collection order, so a long file collected last (alphabetical
 # order put test_multihost / test_train_step / test_tree_* at the end) kept one worker busy alone
 # for minutes after the other ran out of files. Longest first, the short files fill in at the end
-# (per-file seconds of the 2026-11-27 --durations=0 profile, less what the commits after it saved).
+# (per-file seconds of the 2026-11-27 --durations=0 profile at -O0, below).
 # Order only: every test still runs, each file's tests in their own order.
-SLOW_FIRST = ("test_preemption.py", "test_bf16.py", "test_train_step.py", "test_leaf_order_eval.py",
-              "test_sparse_input.py", "test_sharded_eval_and_restore.py", "test_train_step_quality.py",
-              "test_num_samples_schedule.py", "test_sharded_data.py", "test_recipes.py", "test_dense_features_run.py",
-              "test_multihost.py", "test_mined_softmax.py", "test_fault_injection.py",
-              "test_reliability.py", "test_trainer_theorem1.py", "test_configs.py",
-              "test_candidate_group.py", "test_ablate_report.py", "test_auprc_estimator.py",
-              "test_adversarial_training.py", "test_exact_sampler.py", "test_peers.py",
-              "test_diagnostics.py", "test_train_loop.py", "test_auprc_experiment.py",
-              "test_split_search.py", "test_adversarial_fit.py", "test_adversarial_loss.py",
-              "test_tree_cache.py")
+SLOW_FIRST = ("test_bf16.py", "test_preemption.py", "test_sharded_data.py", "test_train_step.py",
+              "test_configs.py", "test_train_step_quality.py", "test_sparse_input.py",
+              "test_fault_injection.py", "test_leaf_order_eval.py", "test_trainer_theorem1.py",
+              "test_multihost.py", "test_recipes.py", "test_mined_softmax.py",
+              "test_sharded_eval_and_restore.py", "test_exact_sampler.py",
+              "test_num_samples_schedule.py", "test_auprc_experiment.py", "test_auprc_estimator.py",
+              "test_diagnostics.py", "test_candidate_group.py", "test_reliability.py",
+              "test_adversarial_fit.py", "test_snm_loss.py", "test_peers.py", "test_index_shuffle.py",
+              "test_dense_features_run.py", "test_config_validation.py", "test_ablate_report.py",
+              "test_adversarial_training.py", "test_data_pipeline.py")
+
+
+# The tests run small programs, so much of their time is XLA:CPU compiling them: LLVM at -O0
+# compiles about 40% faster (a wide-and-deep train step: 0.8-0.9 s against 1.3-1.4 s, quiet), and
+# seven of the slowest files took 211 / 207 s against 274 / 262 s at the default -O3 (interleaved,
+# `-n 2`, 2026-11-27). -O0 and -O3 round differently in the last bits, so a test that compares bits
+# with a run in a subprocess passes the subprocess the same flags (`SNM_JAX_TEST_XLA_FLAGS`; set it,
+# to "" for the default optimisation, to choose). The timing tests (`-m timing`, run apart by
+# `make test`) measure what users run: the default optimisation.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 
 
 def pytest_configure(config):
+  flags = "" if (config.option.markexpr or "").strip() == "timing" else FAST_COMPILE_FLAGS
+  flags = os.environ.setdefault("SNM_JAX_TEST_XLA_FLAGS", flags)  # set it (to "") to choose
+  if flags and flags not in os.environ["XLA_FLAGS"]:  # (xdist workers inherit the controller's)
+    os.environ["XLA_FLAGS"] += " " + flags
   # pytest-xdist (>= 3.2) re-sorts --dist=loadfile's files by their number of tests, most first
   # (--loadscope-reorder, its default), which undid the order above: the 2-test test_multihost
   # and test_preemption ran last, alone on one worker. Keep the collection order.

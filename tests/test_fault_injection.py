@@ -51,7 +51,8 @@ def _cmd(workdir):
           f"--workdir={workdir}", *[f"--config.{k}={_flag(v)}" for k, v in OVERRIDES.items()]]
 
 
-ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+# One device, compiled as this process compiles (conftest.FAST_COMPILE_FLAGS): the bits compared are alike.
+ENV = {**os.environ, "XLA_FLAGS": os.environ["SNM_JAX_TEST_XLA_FLAGS"], "JAX_PLATFORMS": "cpu"}
 
 
 def _has_checkpoint(workdir: Path) -> bool:

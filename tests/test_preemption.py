@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 240, 40
 STEPS_2P = 160  # the 2-process runs (~4x slower per step than one process: their checkpoints sync)
-ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+# One device, compiled as this process compiles (conftest.FAST_COMPILE_FLAGS): the bits compared are alike.
+ENV = {**os.environ, "XLA_FLAGS": os.environ["SNM_JAX_TEST_XLA_FLAGS"], "JAX_PLATFORMS": "cpu"}
 
 
 @pytest.fixture(scope="module")
