@@ -57,14 +57,16 @@ SLOW_FIRST = ("test_bf16.py", "test_preemption.py", "test_sharded_data.py", "tes
               "test_adversarial_training.py", "test_data_pipeline.py")
 
 
-# The tests run small programs, so much of their time is XLA:CPU compiling them: LLVM at -O0
-# compiles about 40% faster (a wide-and-deep train step: 0.8-0.9 s against 1.3-1.4 s, quiet), and
-# seven of the slowest files took 211 / 207 s against 274 / 262 s at the default -O3 (interleaved,
-# `-n 2`, 2026-11-27). -O0 and -O3 round differently in the last bits, so a test that compares bits
-# with a run in a subprocess passes the subprocess the same flags (`SNM_JAX_TEST_XLA_FLAGS`; set it,
-# to "" for the default optimisation, to choose). The timing tests (`-m timing`, run apart by
-# `make test`) measure what users run: the default optimisation.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
+# The tests run small programs, so much of their time is XLA:CPU compiling them. Two flags cut it:
+# LLVM at -O0, and XLA:CPU's classic elemental emitters instead of its newer MLIR fusion emitters.
+# A wide-and-deep train step compiles in 0.22-0.26 s with both against 1.06-1.10 s by default (and
+# 0.8 s with -O0 alone; quiet, its run time alike). Seven of the slowest files (`-n 2`, 2026-11-27):
+# 274 / 262 s by default, 211 / 207 s at -O0 (interleaved); in a later back-to-back pair 165 s at
+# -O0 and 121 s with both. The flags change the last bits of float results, so a test that compares
+# bits with a run in a subprocess passes the subprocess the same flags (`SNM_JAX_TEST_XLA_FLAGS`; set
+# it, to "" for XLA's defaults, to choose). The timing tests (`-m timing`, run apart by `make test`)
+# measure what users run: XLA's defaults.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
 def pytest_configure(config):
