@@ -58,7 +58,9 @@ def _batch():
           "valid": np.ones(n, bool), "example_id": np.arange(n, dtype=np.int32)}
 
 
-def _train(kind, mask, steps=1200, lam=1e-4):
+# 600 steps: the errors averaged over the last 300 are those of 1,200 (Eq. 6 0.005, NCE 0.0004-0.0014
+# against the 0.02 bound; the masked optima 0.36 / 0.51 away), at half the time.
+def _train(kind, mask, steps=600, lam=1e-4):
   mesh = sharding.make_mesh((1, 1))
   tower_apply = lambda params, ids, vals: jax.nn.one_hot(ids[:, 0], X)  # q = e_x: xi_{x,y} = table[y, x]
   tx = optax.sgd(0.0)
@@ -72,7 +74,7 @@ def _train(kind, mask, steps=1200, lam=1e-4):
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   key = jax.random.key(0)
 
-  @jax.jit  # one program for all steps: 1,200 dispatches of the small step cost more than its compute
+  @jax.jit  # one program for all steps: 600 dispatches of the small step cost more than its compute
   def run(st):
     def one(st, i):
       st = step(st, batch, jax.random.fold_in(key, i))[0]
