@@ -146,7 +146,8 @@ def shared_valid_count(ids, label_set, num_labels):
 def range_valid_count(ids, label_set, num_labels):
   """`shared_valid_count` for draws that are one contiguous range of labels, each once (the
   full sampler's shard: ids = lo, lo + 1, ..., hi - 1): a label is drawn iff it lies in the
-  range, so the count needs no sort and no search (they cost ~2 ms of a ~29 ms Delicious step)."""
+  range, so the count needs no sort and no search (an XLA trace of a Delicious step put them at
+  ~2 ms; the end-to-end step time was within noise in an interleaved A/B)."""
   in_range = (label_set >= ids[0]) & (label_set <= ids[-1]) & (label_set < num_labels)
   return jnp.sum(ids < num_labels) - jnp.sum(in_range & _first_listing(label_set), axis=-1)
 

@@ -79,12 +79,13 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
     if debias:
       raise ValueError("label_bias and the adversarial loss's Eq. 5 bias removal are exclusive")
     bias_fn, extra_fn = label_bias_fn(label_bias)
+  curves = split != "validation"  # the recall@r curves: test only (docstring)
   evaluator = Evaluator(
       bias_fn=bias_fn, extra_fn=extra_fn, with_loglik=config.eval.log_likelihood,
       tower_apply=tower_apply, features=features, labels=labels, mesh=mesh,
       num_labels=run_data.num_labels,
-      k=config.eval.k_max if split == "validation" else max(
-          config.eval.k_max, min(config.eval.recall_r, run_data.num_labels)),
+      k=(max(config.eval.k_max, min(config.eval.recall_r, run_data.num_labels)) if curves
+         else config.eval.k_max),
       query_chunk=config.eval.query_chunk, row_block=row_block, row_labels=row_labels,
       normalize_classes=normalize_classes, max_nnz=max_nnz, max_labels=max_labels,
       logit_scale=float(config.loss.logit_scale) if (debias or config.eval.log_likelihood) else 1.0,
@@ -102,7 +103,7 @@ def make_evaluate(config, run_data, split: str, *, tower_apply: Callable, mesh, 
     pred, loglik = evaluator.predict(state.tower_params(), state.table)
     split_labels = evaluator.batcher.labels
     out = multilabel_metrics(pred, split_labels, propensities, config.eval.k_max)
-    if split != "validation":
+    if curves:
       out.update(retrieval_metrics(pred, split_labels, run_data.label_counts, config.eval.recall_r))
     if loglik is not None:  # Bamler & Mandt's predictive log-likelihood of the first label
       out["log_likelihood"] = float(np.nanmean(loglik))
