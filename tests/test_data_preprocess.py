@@ -42,9 +42,7 @@ def test_tfidf_matches_sklearn(sublinear):
 
 
 @pytest.mark.parametrize("force_iterative", [False, True])
-def test_pca_matches_sklearn(monkeypatch, force_iterative):
-  if force_iterative:
-    monkeypatch.setattr(preprocess, "_DENSE_COVARIANCE_MAX_DIM", 0)
+def test_pca_matches_sklearn(force_iterative):
   rng = np.random.default_rng(2)
   # Low-rank structure plus noise so the top components are well separated.
   basis = rng.standard_normal((4, 30))
@@ -52,7 +50,8 @@ def test_pca_matches_sklearn(monkeypatch, force_iterative):
       (200, 30)) + 1.0
   test = rng.standard_normal((15, 4)) @ basis
   train_sp = sp.csr_matrix(train.astype(np.float32))
-  pca = preprocess.fit_pca(train_sp, k=4, seed=0)
+  pca = preprocess.fit_pca(train_sp, k=4, seed=0,
+                         exact_max_dim=0 if force_iterative else preprocess.EXACT_PCA_MAX_DIM)
   ref = SkPCA(n_components=4, svd_solver="full").fit(train)
   np.testing.assert_allclose(pca.explained_variance, ref.explained_variance_, rtol=1e-4)
   ours = preprocess.apply_pca(test, pca)
