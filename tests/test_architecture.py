@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # imports are free as long as they form no cycle.
 LAYERS = (
     ("snm_jax.errors", "snm_jax.sharding", "snm_jax.losses", "snm_jax.metrics", "snm_jax.models",
-     "snm_jax.adversarial"),
+     "snm_jax.pca", "snm_jax.adversarial"),
     ("snm_jax.data", "snm_jax.auprc"),
     ("snm_jax.mining",),
     # snm_jax/train/ is five layers of its own (snm_jax/train/__init__.py).

@@ -1,7 +1,7 @@
 """PCA projection of raw features to the k dimensions the tree works in (paper: k = 16).
 
 The components are the top-k eigenvectors of the feature covariance, from the library's one PCA
-(`snm_jax.data.preprocess.fit_pca`: exact top-k eigenpairs of the d x d covariance up to
+(`snm_jax.pca.fit_pca`: exact top-k eigenpairs of the d x d covariance up to
 EXACT_MAX_DIM features, a truncated SVD of the implicitly centred matrix above it), kept in float32
 for the tree.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from snm_jax.data.preprocess import EXACT_PCA_MAX_DIM as EXACT_MAX_DIM
-from snm_jax.data.preprocess import fit_pca, project_centred
+from snm_jax.pca import EXACT_PCA_MAX_DIM as EXACT_MAX_DIM
+from snm_jax.pca import fit_pca, project_centred
 
 
 def fit_projection(features, k: int, *, exact_max_dim: int = EXACT_MAX_DIM,
