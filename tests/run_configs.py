@@ -29,3 +29,10 @@ def tiny_synthetic_recipe(num_train=800, num_test=100, **fields):
                       "dataset.synthetic.num_test": num_test, "dataset.synthetic.dim": 16, **fields})
   c.lock()
   return c
+
+
+# `jax.jit(..., compiler_options=OPTIMIZED)` for a test's own long loop: the suite compiles at
+# LLVM -O0 (conftest.FAST_COMPILE_FLAGS), right for programs run a few times, but a program run for
+# hundreds of steps or thousands of vmapped draws then spends longer running than -O3 would have
+# spent compiling (test_trainer_theorem1's four fits: 12 s at -O3 against 26 s).
+OPTIMIZED = {"xla_backend_optimization_level": 3}

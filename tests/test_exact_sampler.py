@@ -13,6 +13,7 @@ from snm_jax import losses
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import (ExactSampler, StratifiedSampler, skip_positives,
                                      sorted_distinct_positives)
+import run_configs
 
 K, B = 20, 10
 LABEL_SET = np.array([[3, 7, -1], [0, 19, 0], [-1, -1, -1], [5, 6, 7], [12, -1, 12]], np.int32)
@@ -32,9 +33,9 @@ def _positives(i):
 @functools.cache
 def _draws_fn(sampler):
   """`sampler`'s draws on `_batch()`, vmapped over keys and jitted once per sampler (the tests
-  that draw from the same sampler share the compiled program)."""
+  that draw from the same sampler share the compiled program), at -O3: it runs 20,000 draws."""
   batch = _batch()
-  return jax.jit(jax.vmap(lambda k: sampler.draw(k, batch)[0]))
+  return jax.jit(jax.vmap(lambda k: sampler.draw(k, batch)[0]), compiler_options=run_configs.OPTIMIZED)
 
 
 def _many_draws(sampler, reps, seed=1):

@@ -9,6 +9,8 @@ xi* = log p_D(y|x) - log p_n(y|x); NCE's optimum is xi* = log p_D(y|x) for any n
 accidental hits (negatives equal to the positive) moves both optima.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +21,7 @@ from snm_jax import sharding
 from snm_jax.losses import registry
 from snm_jax.train.core import row_optimizers
 from snm_jax.train.core.step import LossSpec, TrainState, make_train_step
+import run_configs
 
 K, X, S, PER_POINT = 6, 2, 64, 100
 P_D = np.array([[0.40, 0.25, 0.15, 0.10, 0.05, 0.05],
@@ -74,7 +77,8 @@ def _train(kind, mask, steps=600, lam=1e-4):
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   key = jax.random.key(0)
 
-  @jax.jit  # one program for all steps: 600 dispatches of the small step cost more than its compute
+  # One program for all steps: 600 dispatches of the small step cost more than its compute.
+  @functools.partial(jax.jit, compiler_options=run_configs.OPTIMIZED)
   def run(st):
     def one(st, i):
       st = step(st, batch, jax.random.fold_in(key, i))[0]
