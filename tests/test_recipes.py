@@ -103,7 +103,9 @@ def test_the_shipped_auto_search_runs_both_models(tmp_path):
   # checked without training in test_one_vs_rest_candidates_join_the_auto_search_for_small_k; here
   # one wide_deep point stands for the six, to keep the suite short) and the one-vs-rest linear
   # candidate (K = 64), which trains with its squared-hinge BOWL over every label.
-  c = tiny_synthetic_recipe(**{"recipe.search": "auto", "recipe.min_steps": 10, "recipe.max_steps": 10})
+  # Both train to the end (no paired stop rule: either may trail at a rung of these 10 steps).
+  c = tiny_synthetic_recipe(**{"recipe.search": "auto", "recipe.min_steps": 10, "recipe.max_steps": 10,
+                               "recipe.drop_behind_z": 0.0})
   with mock.patch.object(recipes, "search_spec", return_value="model.kind=wide_deep"):
     res = recipes.run(c, tmp_path)
   names = [t["name"] for t in res["recipe"]["candidates"]]
