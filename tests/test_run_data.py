@@ -142,3 +142,25 @@ def test_train_py_exits_with_one_line_naming_the_field(tmp_path):
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith("error: config.dataset.name: "), proc.stderr
   assert "bundled/bibtx" in lines[-1] and "Traceback" not in proc.stderr
+
+
+def test_validation_splits_carve_one_reading_of_the_training_file(monkeypatch):
+  """A recipe's validation splits (validation_seed 0, 1, 2) read and normalise the training file once;
+  each carve is its own: disjoint validation parts covering the same whole file."""
+  from snm_jax.train.trainer import run_data  # pylint: disable=g-import-not-at-top
+  reads = []
+  real_read = run_data._read  # pylint: disable=protected-access
+  monkeypatch.setattr(run_data, "_read", lambda c: reads.append(1) or real_read(c))
+  c = _config(name="synthetic", validation_fraction=0.25, normalize_rows=True)
+  c.dataset.synthetic.num_train = 404  # a size no other test loads: the first load here reads
+  splits = []
+  for seed in (0, 1, 2):
+    c.dataset.validation_seed = seed
+    splits.append(load_run_data(c))
+  assert len(reads) == 1
+  whole = splits[0].train.num_points + splits[0].validation.num_points
+  assert whole == 404 and all(s.train.num_points + s.validation.num_points == whole for s in splits)
+  firsts = [s.validation.features.toarray().tobytes() for s in splits]
+  assert len(set(firsts)) == 3  # three different carves
+  for s in splits:
+    np.testing.assert_array_equal(s.label_counts(), splits[0].label_counts())  # the whole file's
