@@ -163,4 +163,4 @@ def test_validation_splits_carve_one_reading_of_the_training_file(monkeypatch):
   firsts = [s.validation.features.toarray().tobytes() for s in splits]
   assert len(set(firsts)) == 3  # three different carves
   for s in splits:
-    np.testing.assert_array_equal(s.label_counts(), splits[0].label_counts())  # the whole file's
+    np.testing.assert_array_equal(s.label_counts, splits[0].label_counts)  # the whole file's
