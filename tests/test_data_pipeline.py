@@ -77,6 +77,46 @@ def test_batch_contents_match_the_csr_rows():
   assert st["dataset_label_sets_truncated"] == 1 and st["dataset_labels_dropped"] == 2
 
 
+@pytest.mark.parametrize("examples,kw", [
+    ("sample_one_positive", {}),                         # the per-row conversion, drawn per epoch
+    ("expand_all_positives", {"process_index": 1, "process_count": 2}),  # fixed examples, a slice
+    (None, {"global_batch_size": 12}),                   # evaluation: every row, a partial last batch
+])
+def test_rows_padded_once_give_the_batches_padded_per_batch(monkeypatch, examples, kw):
+  """The in-memory rows padded once and gathered per batch (`_padded_rows`) against every batch
+  padded from its CSR rows (PADDED_ROWS_MAX_BYTES = 0): the same arrays and truncation counts,
+  two epochs, with truncated rows and label sets, and after the widths change (as a candidate
+  group widens its members' batches)."""
+  feats, labels = _toy()
+  kw = {"examples": examples, **kw}
+
+  def batches(batcher, steps):
+    out = []
+    for step in range(steps):
+      batch, counts = batcher._build(step)  # pylint: disable=protected-access
+      out.append((batch, counts))
+    return out
+
+  fast = _batcher(feats, labels, **kw)
+  steps = 2 * fast.steps_per_epoch()
+  got = batches(fast, steps)
+  assert fast._padded is not None  # pylint: disable=protected-access
+  fast.max_nnz, fast.max_labels = 24, 8
+  got_wider = batches(fast, steps)
+  monkeypatch.setattr(pipeline.SparseBatcher, "PADDED_ROWS_MAX_BYTES", 0)
+  slow = _batcher(feats, labels, **kw)
+  want = batches(slow, steps)
+  assert slow._padded is None  # pylint: disable=protected-access
+  slow.max_nnz, slow.max_labels = 24, 8
+  want_wider = batches(slow, steps)
+  assert any(c["epoch_rows_truncated"] for _, c in want) and any(c["epoch_label_sets_truncated"] for _, c in want)
+  for (g, gc), (w, wc) in zip(got + got_wider, want + want_wider, strict=True):
+    assert gc == wc and g.keys() == w.keys()
+    for name in w:
+      assert g[name].dtype == w[name].dtype, name
+      np.testing.assert_array_equal(g[name], w[name], err_msg=name)
+
+
 def test_two_processes_concatenate_to_the_single_process_batches():
   feats, labels = _toy()
   for examples in ("sample_one_positive", "expand_all_positives", None):

@@ -73,12 +73,16 @@ class InMemoryRows:
   def labeled_rows(self) -> np.ndarray:
     return np.flatnonzero(np.diff(self.labels.indptr) > 0)
 
-  def read(self, rows: np.ndarray) -> records.RowBlock:
-    rows = np.asarray(rows, np.int64)
+  def read_labels(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(label_indptr int64 (n + 1,), label_ids int32) of `rows`' label sets, CSR-like."""
     lab = self.labels
     l_lens = lab.indptr[rows + 1] - lab.indptr[rows]
     label_ids = lab.indices[records.ranges(lab.indptr[rows], l_lens)].astype(np.int32)
-    label_indptr = np.concatenate([[0], np.cumsum(l_lens)])
+    return np.concatenate([[0], np.cumsum(l_lens)]), label_ids
+
+  def read(self, rows: np.ndarray) -> records.RowBlock:
+    rows = np.asarray(rows, np.int64)
+    label_indptr, label_ids = self.read_labels(rows)
     if self.dense:
       return records.RowBlock(rows, label_indptr, label_ids, None, None, None, self.features[rows])
     f = self.features
@@ -151,6 +155,14 @@ def _pad(kept_lens: np.ndarray, n: int, width: int, *arrays_and_fills):
     a = np.full((n, width), fill, dtype)
     a[:kept_lens.size][mask] = values
     out.append(a)
+  return out
+
+
+def _gather_padded(table: np.ndarray, rows: np.ndarray, n: int, fill) -> np.ndarray:
+  """table[rows] as the first rows of an (n, width) array, the rest `fill`."""
+  out = np.empty((n, table.shape[1]), table.dtype)
+  np.take(table, rows, axis=0, out=out[:rows.size])
+  out[rows.size:] = fill
   return out
 
 
@@ -308,6 +320,7 @@ class SparseBatcher:
     self._step = 0          # global batch index of the next batch handed out
     self._iterator = None   # Grain's iterator, positioned at self._step; built on first use
     self._shuffle_window = None  # (epoch, first position, its indices): `_positions`' cache
+    self._padded = None     # `_padded_rows`' cache
     self._reset_epoch_stats()
 
   _dense = False
@@ -370,6 +383,31 @@ class SparseBatcher:
     """This process's slice of global batch `position` of `epoch` (no state change)."""
     return self._build(epoch * self.steps_per_epoch() + position)[0]
 
+  # In-memory sparse rows are padded once, all of them (while that takes at most this many bytes),
+  # and a batch is then a gather of its rows: the same arrays as padding each batch's rows, at a
+  # fraction of the host time the input thread takes from the train step's 2 cores (Bibtex: the
+  # recipe's batches cost ~4.5 s of its ~35 s when built per batch).
+  PADDED_ROWS_MAX_BYTES = 512 << 20
+
+  def _padded_rows(self) -> dict | None:
+    """Every row padded to (max_nnz, max_labels) with its truncation counts, or None (sharded or
+    dense rows, or more than PADDED_ROWS_MAX_BYTES); rebuilt when a width changes."""
+    widths = (self.max_nnz, self.max_labels)
+    if self._padded is not None and self._padded["widths"] == widths:
+      return self._padded
+    rows = self.rows
+    if (not isinstance(rows, InMemoryRows) or rows.dense
+        or rows.num_rows * (8 * self.max_nnz + 4 * self.max_labels) > self.PADDED_ROWS_MAX_BYTES):
+      return None
+    block = rows.read(np.arange(rows.num_rows))
+    features, truncated, dropped = self._features(block, rows.num_rows)
+    l_lens = np.diff(block.label_indptr)
+    pos, kept = _truncated_positions(block.label_indptr, None, self.max_labels)
+    label_set, = _pad(kept, rows.num_rows, self.max_labels, (block.label_ids[pos], -1, np.int32))
+    self._padded = {"widths": widths, **features, "label_set": label_set, "truncated": truncated,
+                    "dropped": dropped, "labels_truncated": l_lens > kept}
+    return self._padded
+
   def _build(self, step: int) -> tuple[dict, dict]:
     """(this process's slice of global batch `step`, its truncation counts)."""
     steps = self.steps_per_epoch()
@@ -382,27 +420,40 @@ class SparseBatcher:
     hi = min(lo + n, (position + 1) * self.global_batch_size, m)
     ex = self._positions(epoch, lo, hi)
     rows = ex if self._example_rows is None else self._example_rows[ex]
-    block = self.rows.read(rows)
     k = rows.size
-    features, truncated, dropped = self._features(block, n)
-    l_lens = np.diff(block.label_indptr)
+    padded = self._padded_rows()
+    if padded is None:
+      block = self.rows.read(rows)
+      features, truncated, dropped = self._features(block, n)
+      label_indptr, label_ids, example_ids = block.label_indptr, block.label_ids, block.example_id
+      l_lens = np.diff(label_indptr)
+      pos, kept = _truncated_positions(label_indptr, None, self.max_labels)
+      label_set, = _pad(kept, n, self.max_labels, (label_ids[pos], -1, np.int32))
+      labels_truncated = l_lens > kept
+    else:
+      features = {name: _gather_padded(padded[name], rows, n, fill)
+                  for name, fill in (("feat_ids", 0), ("feat_vals", 0.0))}
+      label_set = _gather_padded(padded["label_set"], rows, n, -1)
+      truncated, dropped = padded["truncated"][rows], padded["dropped"][rows]
+      labels_truncated, example_ids = padded["labels_truncated"][rows], rows
+      if self._per_row is not None:
+        label_indptr, label_ids = self.rows.read_labels(np.asarray(rows, np.int64))
+        l_lens = np.diff(label_indptr)
     label = np.zeros(n, np.int32)
     if self._eval_mode:
       label[:] = -1
     elif self._per_row is not None:
-      label[:k] = conversions.choose_positive(self._per_row, block.label_indptr[:-1], l_lens,
-                                              block.label_ids, block.example_id, self.seed, epoch)
+      label[:k] = conversions.choose_positive(self._per_row, label_indptr[:-1], l_lens,
+                                              label_ids, example_ids, self.seed, epoch)
     else:
       label[:k] = self._example_labels[ex]
-    pos, kept = _truncated_positions(block.label_indptr, None, self.max_labels)
-    label_set, = _pad(kept, n, self.max_labels, (block.label_ids[pos], -1, np.int32))
     valid = np.zeros(n, bool)
     valid[:k] = True
     example_id = np.full(n, -1, np.int32)
-    example_id[:k] = block.example_id
+    example_id[:k] = example_ids
     counts = {"epoch_examples": k, "epoch_rows_truncated": int(truncated.sum()),
               "epoch_nnz_dropped": int(dropped.sum()),
-              "epoch_label_sets_truncated": int((l_lens > kept).sum())}
+              "epoch_label_sets_truncated": int(labels_truncated.sum())}
     return ({**features, "label": label, "label_set": label_set, "valid": valid,
              "example_id": example_id}, counts)
 
@@ -459,8 +510,9 @@ class SparseBatcher:
       self._iterator = None
 
   def __getstate__(self) -> dict:
-    """What Grain's worker processes receive with `_build`: everything but the live iterator."""
-    return {**self.__dict__, "_iterator": None}
+    """What Grain's worker processes receive with `_build`: everything but the live iterator and the
+    padded rows (each worker pads them again rather than receive them pickled)."""
+    return {**self.__dict__, "_iterator": None, "_padded": None}
 
   def __del__(self):
     try:
