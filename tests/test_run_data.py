@@ -164,3 +164,27 @@ def test_validation_splits_carve_one_reading_of_the_training_file(monkeypatch):
   assert len(set(firsts)) == 3  # three different carves
   for s in splits:
     np.testing.assert_array_equal(s.label_counts, splits[0].label_counts)  # the whole file's
+
+
+def test_a_features_file_rewritten_in_place_is_read_again(tmp_path):
+  """dataset.name="files": the kept read of the training file (for other validation carves) is
+  keyed by the files' identity too, so a file rewritten in place is read again."""
+  import os  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  paths = {k: tmp_path / f"{k}.npz" for k in ("train_features", "train_labels", "test_features", "test_labels")}
+
+  def write():  # new random values each time
+    for split, n in (("train", 40), ("test", 10)):
+      sp.save_npz(paths[f"{split}_features"], sp.csr_matrix(rng.random((n, 6)).astype(np.float32)))
+      sp.save_npz(paths[f"{split}_labels"], sp.csr_matrix((rng.random((n, 5)) < 0.4).astype(np.float32)))
+
+  write()
+  c = _config(name="files", validation_fraction=0.25)
+  for k, p in paths.items():
+    c.dataset.files[k] = str(p)
+  first = load_run_data(c).train.features.toarray()
+  write()  # other values, the same shapes
+  for p in paths.values():  # a new mtime even on a coarse clock
+    os.utime(p, ns=(os.stat(p).st_atime_ns, os.stat(p).st_mtime_ns + 10 ** 9))
+  again = load_run_data(c).train.features.toarray()
+  assert first.shape == again.shape and not np.array_equal(first, again)

@@ -176,7 +176,7 @@ def load_run_data(config) -> RunData:
   if key not in _LOADED:
     if len(_LOADED) >= _MAX_LOADED:
       _LOADED.pop(next(iter(_LOADED)))  # the oldest
-    _LOADED[key] = _load(config)
+    _LOADED[key] = _load(config, files)
   return _LOADED[key]
 
 
@@ -186,8 +186,9 @@ _LOADED: dict = {}
 _MAX_LOADED = 8
 
 
-def _load(config) -> RunData:
-  """Loads the splits named by `config.dataset`.
+def _load(config, files: tuple = ()) -> RunData:
+  """Loads the splits named by `config.dataset` (`files`: the identity of the files read, part of
+  the key of the read kept for other validation carves).
 
   Raises:
     ConfigError: `dataset.name` not found (the message lists every place
@@ -201,8 +202,8 @@ def _load(config) -> RunData:
   # The whole training file as read (and normalised) once per dataset section less its validation
   # carve: a recipe's validation splits carve the same rows (Bibtex: 0.35 s of XC parsing a split).
   carve = ("validation_fraction", "validation_seed")
-  key = json.dumps({k: v for k, v in json.loads(config.dataset.to_json_best_effort()).items()
-                    if k not in carve}, sort_keys=True)
+  key = (json.dumps({k: v for k, v in json.loads(config.dataset.to_json_best_effort()).items()
+                     if k not in carve}, sort_keys=True), files)
   if key not in _UNCARVED:
     if len(_UNCARVED) >= _MAX_LOADED:
       _UNCARVED.pop(next(iter(_UNCARVED)))
