@@ -10,7 +10,7 @@ WORKDIR ?= /tmp/snm_jax_demo
 venv: $(STAMP)
 
 # The packages are byte-compiled by compileall on every core, not by pip one file at a time (37 s
-# against 49 s in all); compiled they must be: with PYTHONDONTWRITEBYTECODE set (as on CI) a process
+# against 49 s in all); compiled they must be: with PYTHONDONTWRITEBYTECODE set (as on these machines) a process
 # never writes what it compiles on import, and every test subprocess would compile jax again.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
