@@ -399,14 +399,19 @@ class SparseBatcher:
     if (not isinstance(rows, InMemoryRows) or rows.dense
         or rows.num_rows * (8 * self.max_nnz + 4 * self.max_labels) > self.PADDED_ROWS_MAX_BYTES):
       return None
-    block = rows.read(np.arange(rows.num_rows))
-    features, truncated, dropped = self._features(block, rows.num_rows)
-    l_lens = np.diff(block.label_indptr)
-    pos, kept = _truncated_positions(block.label_indptr, None, self.max_labels)
-    label_set, = _pad(kept, rows.num_rows, self.max_labels, (block.label_ids[pos], -1, np.int32))
-    self._padded = {"widths": widths, **features, "label_set": label_set, "truncated": truncated,
-                    "dropped": dropped, "labels_truncated": l_lens > kept}
+    features, rest = self._pad_block(rows.read(np.arange(rows.num_rows)), rows.num_rows)
+    self._padded = {"widths": widths, "features": features, **rest}
     return self._padded
+
+  def _pad_block(self, block: records.RowBlock, n: int) -> tuple[dict, dict]:
+    """A block's rows padded to n rows: (the feature arrays (`_features`), {"label_set" (n,
+    max_labels), and per row "truncated" (features), "dropped" (feature entries) and
+    "labels_truncated" (label set)})."""
+    features, truncated, dropped = self._features(block, n)
+    pos, kept = _truncated_positions(block.label_indptr, None, self.max_labels)
+    label_set, = _pad(kept, n, self.max_labels, (block.label_ids[pos], -1, np.int32))
+    return features, {"label_set": label_set, "truncated": truncated, "dropped": dropped,
+                      "labels_truncated": np.diff(block.label_indptr) > kept}
 
   def _build(self, step: int) -> tuple[dict, dict]:
     """(this process's slice of global batch `step`, its truncation counts)."""
@@ -424,26 +429,20 @@ class SparseBatcher:
     padded = self._padded_rows()
     if padded is None:
       block = self.rows.read(rows)
-      features, truncated, dropped = self._features(block, n)
+      features, out = self._pad_block(block, n)
       label_indptr, label_ids, example_ids = block.label_indptr, block.label_ids, block.example_id
-      l_lens = np.diff(label_indptr)
-      pos, kept = _truncated_positions(label_indptr, None, self.max_labels)
-      label_set, = _pad(kept, n, self.max_labels, (label_ids[pos], -1, np.int32))
-      labels_truncated = l_lens > kept
-    else:
-      features = {name: _gather_padded(padded[name], rows, n, fill)
-                  for name, fill in (("feat_ids", 0), ("feat_vals", 0.0))}
-      label_set = _gather_padded(padded["label_set"], rows, n, -1)
-      truncated, dropped = padded["truncated"][rows], padded["dropped"][rows]
-      labels_truncated, example_ids = padded["labels_truncated"][rows], rows
+    else:  # the same arrays, gathered (feature padding 0, label-set padding -1)
+      features = {name: _gather_padded(table, rows, n, 0) for name, table in padded["features"].items()}
+      out = {"label_set": _gather_padded(padded["label_set"], rows, n, -1),
+             **{name: padded[name][rows] for name in ("truncated", "dropped", "labels_truncated")}}
+      example_ids = rows
       if self._per_row is not None:
         label_indptr, label_ids = self.rows.read_labels(np.asarray(rows, np.int64))
-        l_lens = np.diff(label_indptr)
     label = np.zeros(n, np.int32)
     if self._eval_mode:
       label[:] = -1
     elif self._per_row is not None:
-      label[:k] = conversions.choose_positive(self._per_row, label_indptr[:-1], l_lens,
+      label[:k] = conversions.choose_positive(self._per_row, label_indptr[:-1], np.diff(label_indptr),
                                               label_ids, example_ids, self.seed, epoch)
     else:
       label[:k] = self._example_labels[ex]
@@ -451,10 +450,10 @@ class SparseBatcher:
     valid[:k] = True
     example_id = np.full(n, -1, np.int32)
     example_id[:k] = example_ids
-    counts = {"epoch_examples": k, "epoch_rows_truncated": int(truncated.sum()),
-              "epoch_nnz_dropped": int(dropped.sum()),
-              "epoch_label_sets_truncated": int(labels_truncated.sum())}
-    return ({**features, "label": label, "label_set": label_set, "valid": valid,
+    counts = {"epoch_examples": k, "epoch_rows_truncated": int(out["truncated"].sum()),
+              "epoch_nnz_dropped": int(out["dropped"].sum()),
+              "epoch_label_sets_truncated": int(out["labels_truncated"].sum())}
+    return ({**features, "label": label, "label_set": out["label_set"], "valid": valid,
              "example_id": example_id}, counts)
 
   # ----------------------------------------------------------------- iteration

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 from typing import Any, Mapping
 
 from snm_jax.errors import ConfigError
@@ -103,6 +104,19 @@ def with_overrides(config, overrides: Mapping[str, Any]):
   c = apply_overrides(copy.deepcopy(config), overrides)
   c.lock()
   return c
+
+
+def json_without(config, fields) -> str:
+  """`config` as sorted JSON less the dotted `fields` (absent ones ignored): the key of what does not
+  depend on them (a candidate group's members, a state initialiser, a validation carve's reading)."""
+  flat = json.loads(config.to_json_best_effort())
+  for field in fields:
+    *sections, name = field.split(".")
+    node = flat
+    for section in sections:
+      node = node.get(section, {})
+    node.pop(name, None)
+  return json.dumps(flat, sort_keys=True)
 
 
 def parse_search(spec: str) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import time
 
 import jax
@@ -28,7 +27,7 @@ from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.models import precision
 from snm_jax.train.config import builders, sample_schedule, validation
-from snm_jax.train.config.overrides import with_overrides
+from snm_jax.train.config.overrides import json_without, with_overrides
 from snm_jax.train.core.diagnostics import make_diagnose, probe_batch
 from snm_jax.train.core.evaluate import make_evaluate
 from snm_jax.train.core.input_table import input_table_rows, split_params
@@ -169,17 +168,11 @@ def build(config, mesh) -> Task:
 # and compile it once (each build otherwise paid two traces and a lowering: ~0.3 s a member).
 _INIT_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 _INIT_PROGRAMS_KEPT = 16
-_INIT_IRRELEVANT = (("seed",), ("table", "learning_rate"), ("dataset", "validation_seed"))
+_INIT_IRRELEVANT = ("seed", "table.learning_rate", "dataset.validation_seed")
 
 
 def _init_key(config, tower, table_rows, dim, mesh, example_inputs, sparse_input: bool):
-  fields = json.loads(config.to_json_best_effort())
-  for path in _INIT_IRRELEVANT:
-    node = fields
-    for name in path[:-1]:
-      node = node.get(name, {})
-    node.pop(path[-1], None)
-  return (json.dumps(fields, sort_keys=True), tower, table_rows, dim, sparse_input,
+  return (json_without(config, _INIT_IRRELEVANT), tower, table_rows, dim, sparse_input,
           tuple(d.id for d in mesh.devices.flat), mesh.axis_names, mesh.devices.shape,
           tuple((np.shape(x), np.asarray(x).dtype.str) for x in example_inputs))
 
@@ -267,8 +260,6 @@ def _init_program(config, tower, table_rows, dim, tx, row_opt, mesh, example_inp
     shardings = shardings.replace(input_table=by_rows(abstract.input_table),
                                   input_table_state=jax.tree.map(by_rows, abstract.input_table_state))
   return jax.jit(init, out_shardings=shardings)
-
-
 
 
 def tree_fit_sample(num_points: int, max_points: int, seed: int) -> np.ndarray | None:

@@ -34,6 +34,7 @@ from absl import logging
 from snm_jax import metrics
 from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 from snm_jax.errors import ConfigError
+from snm_jax.train.config.overrides import json_without
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
 from snm_jax.train.runtime.progress import Progress
 from snm_jax.train.runtime.workpath import workdir_path, write_text
@@ -55,14 +56,7 @@ def group_key(config) -> str | None:
       or (config.get("diagnostics") is not None and config.diagnostics.every > 0)
       or config.dataset.validation_fraction <= 0):
     return None
-  flat = json.loads(config.to_json_best_effort())
-  for field in GROUPED_FIELDS:
-    *sections, name = field.split(".")
-    node = flat
-    for s in sections:
-      node = node[s]
-    node.pop(name, None)
-  return json.dumps(flat, sort_keys=True)
+  return json_without(config, GROUPED_FIELDS)
 
 
 MODES = ("vmap", "serial")

@@ -7,7 +7,6 @@ one by one (`dataset.name="files"`: dense `.npy` / `.npz` embeddings, sparse
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import numpy as np
@@ -17,6 +16,7 @@ from snm_jax import data as snm_data
 from snm_jax.data import array_files, shards
 from snm_jax.data.pipeline import ShardedRows
 from snm_jax.errors import ConfigError, DataFormatError, DatasetNotFoundError
+from snm_jax.train.config.overrides import json_without
 
 
 @dataclasses.dataclass
@@ -172,18 +172,24 @@ def load_run_data(config) -> RunData:
   if config.dataset.name == "files":  # the files' identity too: a file rewritten in place is re-read
     files = tuple((f, os.stat(f).st_mtime_ns, os.stat(f).st_size) if f and os.path.exists(f) else (f,)
                   for f in (config.dataset.files[k] for k in sorted(config.dataset.files.keys())))
-  key = (config.dataset.to_json_best_effort(sort_keys=True), files)
-  if key not in _LOADED:
-    if len(_LOADED) >= _MAX_LOADED:
-      _LOADED.pop(next(iter(_LOADED)))  # the oldest
-    _LOADED[key] = _load(config, files)
-  return _LOADED[key]
+  return _kept(_LOADED, (json_without(config.dataset, ()), files), lambda: _load(config, files))
 
 
-# The RunData of the last few `config.dataset`s this process loaded (a dict, not functools.lru_cache:
-# the key is the section's JSON, the ConfigDict itself is not hashable).
+# The RunData of the last few `config.dataset`s this process loaded, and (`_UNCARVED`) their reads
+# before the validation carve (dicts, not functools.lru_cache: the keys are the section's JSON, the
+# ConfigDict itself is not hashable).
 _LOADED: dict = {}
+_UNCARVED: dict = {}
 _MAX_LOADED = 8
+
+
+def _kept(cache: dict, key, make):
+  """cache[key], made by `make()` on a miss; the oldest entry goes beyond _MAX_LOADED."""
+  if key not in cache:
+    if len(cache) >= _MAX_LOADED:
+      cache.pop(next(iter(cache)))
+    cache[key] = make()
+  return cache[key]
 
 
 def _load(config, files: tuple = ()) -> RunData:
@@ -201,20 +207,12 @@ def _load(config, files: tuple = ()) -> RunData:
     return _sharded(config)  # normalised and carved when it was written
   # The whole training file as read (and normalised) once per dataset section less its validation
   # carve: a recipe's validation splits carve the same rows (Bibtex: 0.35 s of XC parsing a split).
-  carve = ("validation_fraction", "validation_seed")
-  key = (json.dumps({k: v for k, v in json.loads(config.dataset.to_json_best_effort()).items()
-                     if k not in carve}, sort_keys=True), files)
-  if key not in _UNCARVED:
-    if len(_UNCARVED) >= _MAX_LOADED:
-      _UNCARVED.pop(next(iter(_UNCARVED)))
-    _UNCARVED[key] = _read(config)
-  out = dataclasses.replace(_UNCARVED[key])
+  whole = _kept(_UNCARVED, (json_without(config.dataset, ("validation_fraction", "validation_seed")), files),
+                lambda: _read(config))
+  out = dataclasses.replace(whole)
   _carve_validation(out, config.dataset.get("validation_fraction", 0.0),
                     config.dataset.get("validation_seed", 0))
   return out
-
-
-_UNCARVED: dict = {}
 
 
 def _read(config) -> RunData:
