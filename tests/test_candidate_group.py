@@ -186,3 +186,97 @@ def test_a_clearly_behind_candidate_stops_at_the_rung_even_below_the_ensemble_si
   assert members(with_test) == members(without)
   timeless = lambda m: {k: v for k, v in m.items() if k != "eval_seconds"}  # noqa: E731
   assert timeless(with_test["final"]) == timeless(without["final"])
+
+
+class _Crash(Exception):
+  """A process lost mid-run (what kill -9 leaves: the checkpoints on disk, nothing else)."""
+
+
+def _timeless(record):
+  """`record` without its timings (the one thing a resumed run may not repeat)."""
+  if isinstance(record, dict):
+    return {k: _timeless(v) for k, v in record.items() if not k.endswith("seconds")}
+  return record
+
+
+def _candidate_results(workdir):
+  cands = workdir / "candidates"
+  out = {}
+  for d in sorted(cands.iterdir()):
+    for marker in ("results.json", "eliminated.json"):
+      if (d / marker).exists():
+        r = json.loads((d / marker).read_text())
+        out[d.name] = (marker, r.get("state_fingerprint"), _timeless(r.get("selected")), r.get("best_value"),
+                       r.get("rung_step"), r.get("steps"))
+  return out
+
+
+def test_a_preempted_then_crashed_recipe_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+  """Two candidate groups (linear, wide_deep; three table rates each), halving at two rungs with
+  the paired rule, a checkpoint every 4 steps. A preemption notice at the 13th step: every group
+  checkpoints where it stands and Preempted is raised. The rerun resumes them; a crash after its
+  10th step (the second group past the first rung, its last checkpoint at step 12) loses what
+  followed the last periodic checkpoints. The third run ends on the results of
+  an uninterrupted recipe: the same members stopped at the same rungs with the same values, the
+  same selections and final state fingerprints of every candidate, the same choice."""
+  from run_configs import tiny_synthetic_recipe  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.runtime import preemption  # pylint: disable=g-import-not-at-top
+  c = tiny_synthetic_recipe(**{"recipe.search": "model.kind=linear,wide_deep;table.learning_rate*=1,2",
+                               "recipe.ensemble": 2, "recipe.halving": 2, "recipe.rungs": 2,
+                               "recipe.drop_behind_z": 1.0, "recipe.evaluations": 10,
+                               "train.checkpoint_every": 4,
+                               "train.fingerprint": True})
+  reference = recipe.run(c, tmp_path / "uninterrupted")
+  expected = _candidate_results(tmp_path / "uninterrupted")
+  assert any(m == "eliminated.json" for m, *_ in expected.values())  # the rungs decided something
+
+  calls = {"n": 0}
+
+  def notice_at(n):
+    def reached(self):
+      del self
+      calls["n"] += 1
+      return calls["n"] == n
+    return reached
+
+  workdir = tmp_path / "interrupted"
+  monkeypatch.setattr(preemption.PreemptionWatch, "reached", notice_at(13))
+  with pytest.raises(preemption.Preempted, match="checkpoint of step"):
+    recipe.run(c, workdir)
+  assert not (workdir / "results.json").exists()
+  saved = [p for p in (workdir / "candidates").glob("*/checkpoints/*") if p.name.isdigit()]
+  # 8 steps of the first group to the first rung, then 5 of the second: saved at steps 8 and 5,
+  # the second off the periodic grid of 4 (the notice's own checkpoint)
+  assert {int(p.name) for p in saved} == {4, 5, 8}
+
+  from snm_jax.train.trainer import group as group_lib  # pylint: disable=g-import-not-at-top
+  real_step, steps = group_lib.CandidateGroup._train_step, {"n": 0}  # pylint: disable=protected-access
+  resumed_at = []
+
+  def crash_after_10(self):
+    if steps["n"] == 0:
+      resumed_at.append(self.start_step)
+    steps["n"] += 1
+    if steps["n"] > 10:
+      raise _Crash()
+    real_step(self)
+
+  monkeypatch.setattr(preemption.PreemptionWatch, "reached", lambda self: False)
+  monkeypatch.setattr(group_lib.CandidateGroup, "_train_step", crash_after_10)
+  with pytest.raises(_Crash):
+    recipe.run(c, workdir)
+  assert resumed_at and resumed_at[0] > 0  # it resumed, not retrained from step 0
+
+  # The second group resumes at step 12, past the first rung (8): that rung was ranked by the run
+  # that saved it, with the values of step 8, and is not ranked again with those of step 12.
+  from snm_jax.train.recipes import candidates  # pylint: disable=g-import-not-at-top
+  real_behind, ranked = candidates.clearly_behind, []
+  monkeypatch.setattr(candidates, "clearly_behind", lambda *a: ranked.append(a) or real_behind(*a))
+  monkeypatch.setattr(group_lib.CandidateGroup, "_train_step", real_step)
+  again = recipe.run(c, workdir)
+  assert len(ranked) == 1  # the second rung only
+  assert _candidate_results(workdir) == expected
+  assert again["recipe"]["chosen"] == reference["recipe"]["chosen"]
+  assert again["recipe"].get("eliminated") == reference["recipe"].get("eliminated")
+  assert _timeless(again["final"]) == _timeless(reference["final"])

@@ -179,3 +179,44 @@ def test_two_processes_resume_bitwise_after_a_sigterm_to_one_then_a_sigkill_to_a
   assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errs]
   result = json.loads((workdir / "results.json").read_text())
   assert result["steps"] == STEPS_2P and result["state_fingerprint"] == reference_2x1
+
+
+def test_a_recipe_sent_sigterm_checkpoints_its_candidate_groups_and_resumes_to_the_same_result(tmp_path):
+  """`experiments.train` running the xmc recipe (two candidate groups of three) gets SIGTERM at a
+  random moment after its first member checkpoint: exit 75, each group's members checkpointed at
+  the step it reached, no results.json. The same recipe rerun (in this process) ends on the
+  uninterrupted recipe's candidates and result."""
+  from run_configs import tiny_synthetic_recipe  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
+  from test_candidate_group import _candidate_results, _timeless  # pylint: disable=g-import-not-at-top
+  fields = {"recipe.search": "model.kind=linear,wide_deep;table.learning_rate*=1,2", "recipe.max_steps": 120,
+            "recipe.ensemble": 2, "train.checkpoint_every": 10, "train.fingerprint": True}
+  reference = recipe.run(tiny_synthetic_recipe(**fields), tmp_path / "uninterrupted")
+  cmd = [sys.executable, "-m", "experiments.train", "--config=experiments/configs/xmc.py:synthetic,runlocal",
+         "--config.dataset.synthetic.num_labels=64", "--config.dataset.synthetic.num_train=800",
+         "--config.dataset.synthetic.num_test=100", "--config.dataset.synthetic.dim=16",
+         *[f"--config.{k}={v}" for k, v in fields.items()]]
+  rng = random.Random(5)
+  for trial in range(3):  # the recipe may finish before its signal arrives: start again
+    workdir = tmp_path / f"trial{trial}"
+    proc = subprocess.Popen([*cmd, f"--workdir={workdir}"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while (proc.poll() is None and time.time() < deadline
+           and not any(p.name.isdigit() for p in workdir.glob("candidates/*/checkpoints/*"))):
+      time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 0.5))
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    if proc.returncode == 0:
+      continue
+    assert proc.returncode == PREEMPTED_EXIT_STATUS, err[-3000:]
+    assert not (workdir / "results.json").exists()
+    assert _stopped_at(err) > 0
+    again = recipe.run(tiny_synthetic_recipe(**fields), workdir)
+    assert _candidate_results(workdir) == _candidate_results(tmp_path / "uninterrupted")
+    assert again["recipe"]["chosen"] == reference["recipe"]["chosen"]
+    assert _timeless(again["final"]) == _timeless(reference["final"])
+    return
+  pytest.fail("every recipe finished before its signal")

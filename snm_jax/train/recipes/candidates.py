@@ -15,6 +15,12 @@ their splits), and only the best ceil(n / eta) -- at least `recipe.ensemble`, so
 keeps its choice -- go on; the others stop (eliminated.json) and are never evaluated on test.
 With `recipe.drop_behind_z` = z > 0, a rung also stops every candidate that is clearly behind the
 leader (`clearly_behind`: a paired z-test on the validation points), even below recipe.ensemble.
+
+Interruptions: the groups checkpoint their members every `train.checkpoint_every` steps, and on a
+preemption notice (`train.preemption_signals`, as a run) every group checkpoints its members at
+the step it reached and `Preempted` is raised (experiments.train: exit status 75). A rerun reuses
+the finished members, resumes each group from its members' newest common checkpoint and replays
+the rungs: the same values give the same decisions, so it ends as an uninterrupted recipe.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from snm_jax.errors import NonFiniteLossError
 from snm_jax.train.recipes import reuse
 from snm_jax.train.trainer import checkpointing
 from snm_jax.train.runtime.host import is_writer, workdir_lock
+from snm_jax.train.runtime.preemption import Preempted, PreemptionWatch
 from snm_jax.train.runtime.workpath import write_text
 from snm_jax.train.trainer import group as group_lib
 from snm_jax.train.trainer import loop
@@ -141,68 +148,97 @@ def train(recipe_config, members, mesh) -> dict:
   if not groups:
     return out
   # Each member's workdir is locked while its group trains, as `train_and_evaluate` locks a run's.
-  with contextlib.ExitStack() as locks:
+  with contextlib.ExitStack() as stack:
     for member in (m for ms in groups.values() for m in ms):
-      locks.enter_context(workdir_lock(member[3]))
+      stack.enter_context(workdir_lock(member[3]))
     built = []
     for group_members in groups.values():
       logging.info("[candidates] training %d as one program: %s", len(group_members),
                    sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
       mode = recipe_config.recipe.get("group_mode", "auto")
-      built.append((group_members, group_lib.CandidateGroup(
-          [(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh, None if mode == "auto" else mode)))
-    eta = int(recipe_config.recipe.get("halving", 0))
-    ensemble = int(recipe_config.recipe.get("ensemble", 1))
-    keep_at_least = max(ensemble, 1) if ensemble > 0 else len(members)
-    candidates = list(dict.fromkeys(m[0] for m in members))
-    _, longest = max(((g.num_steps, g) for _, g in built), key=lambda x: x[0])
-    for rung in rung_steps(longest.num_steps, eta, int(recipe_config.recipe.get("rungs", 1)), longest.eval_every):
-      for _, g in built:
-        g.advance(rung)
-      records = {**out, **{(n, s): g.records[f"{n}@{s}"] for ms, g in built for n, s, _, _ in ms
-                           if f"{n}@{s}" in g.records}}
-      _stop_diverged_siblings(built, records)
-      values, done_elsewhere = {}, 0
-      for name in candidates:
-        mine = [(s, g) for ms, g in built for n, s, _, _ in ms if n == name and f"{n}@{s}" in g.alive]
-        if mine and all(g.best_value(f"{name}@{s}") is not None for s, g in mine) and not any(
-            (name, s) in records for ms, _ in built for n, s, _, _ in ms if n == name):
-          values[name] = float(np.mean([g.best_value(f"{name}@{s}") for s, g in mine]))
-        elif any("diverged" not in r and r.get("eliminated", {}).get("rung_step", rung + 1) > rung
-                 for (n, _), r in records.items() if n == name):
-          done_elsewhere += 1  # passed this rung in an earlier attempt (finished, or stopped later)
-      # An earlier, interrupted attempt already ranked this rung: the candidates it let through count
-      # among the kept, those it stopped here among the ranked, so a rerun keeps the same ones.
-      stopped_here = {n for (n, _), r in records.items()
-                      if r.get("eliminated", {}).get("rung_step") == rung}
-      keep = keep_count(len(values) + done_elsewhere + len(stopped_here), eta, keep_at_least) - done_elsewhere
-      keep_names = set(survivors(values, max(keep, 0)))
-      dropped = [n for n in values if n not in keep_names]
-      if dropped:
-        logging.info("[candidates] successive halving at step %d: %d of %d go on (%s); stopped: %s",
-                     rung, len(keep_names), len(values), sorted(keep_names), dropped)
-      reasons = {n: {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep_names),
-                     "candidates_ranked": len(values), "candidate_value": values[n]} for n in dropped}
-      z = float(recipe_config.recipe.get("drop_behind_z", 0.0))
-      if z > 0:
-        points = {n: {s: g.best_points[f"{n}@{s}"] for ms, g in built for m, s, _, _ in ms
-                      if m == n and f"{m}@{s}" in g.best_points} for n in keep_names}
-        behind = clearly_behind(points, {n: values[n] for n in values if n in keep_names}, z)
-        if behind:
-          logging.info("[candidates] at step %d, clearly behind the leader (paired z > %g): %s", rung, z,
-                       {n: round(v, 2) for n, v in behind.items()})
-        for n, score in behind.items():
-          reasons[n] = {"rule": f"clearly behind the leader: paired z = {score:.2f} > recipe.drop_behind_z = {z:g}",
-                        "rung_step": rung, "kept": sorted(set(keep_names) - set(behind)),
-                        "candidates_ranked": len(values), "candidate_value": values[n], "z": score}
-      for n, reason in reasons.items():
-        for group_members, g in built:
-          g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
-    for group_members, g in built:
-      g.finish()
-      for n, s, _, _ in group_members:
-        out[(n, s)] = g.records[f"{n}@{s}"]
+      g = group_lib.CandidateGroup([(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh,
+                                   None if mode == "auto" else mode)
+      stack.callback(g.close)  # (commits the checkpoint saves in flight, on errors too)
+      built.append((group_members, g))
+    watch = stack.enter_context(PreemptionWatch(recipe_config.train.get("preemption_signals", "SIGTERM")))
+    _train_groups(recipe_config, members, built, out, watch.reached)
   return out
+
+
+def _preempted(built, where) -> None:
+  """A preemption notice: every group checkpoints its members where it stands; raises Preempted."""
+  for _, g in built:
+    g.checkpoint()
+  for _, g in built:
+    g.wait()
+  step = max(g.step for _, g in built)
+  logging.warning("preempted: every candidate group checkpointed its members (the furthest at step %d)", step)
+  raise Preempted(step, where)
+
+
+def _train_groups(recipe_config, members, built, out: dict, stop) -> None:
+  """Advances the groups `built` [(members, CandidateGroup)] rung by rung, halving at each, then
+  finishes them; their members' records go into `out`."""
+  where = built[0][1].workdirs[built[0][1].names[0]].parent
+  eta = int(recipe_config.recipe.get("halving", 0))
+  ensemble = int(recipe_config.recipe.get("ensemble", 1))
+  keep_at_least = max(ensemble, 1) if ensemble > 0 else len(members)
+  candidates = list(dict.fromkeys(m[0] for m in members))
+  _, longest = max(((g.num_steps, g) for _, g in built), key=lambda x: x[0])
+  # A group resumed from a checkpoint past a rung was saved after that rung was ranked (every group
+  # reaches a rung before it is ranked, and none trains past it before): its members' values now
+  # are not the rung's, and its decisions stand (the members it stopped left eliminated.json).
+  ranked_before = max(g.start_step for _, g in built)
+  for rung in rung_steps(longest.num_steps, eta, int(recipe_config.recipe.get("rungs", 1)), longest.eval_every):
+    for _, g in built:
+      if not g.advance(rung, stop):
+        _preempted(built, where)
+    records = {**out, **{(n, s): g.records[f"{n}@{s}"] for ms, g in built for n, s, _, _ in ms
+                         if f"{n}@{s}" in g.records}}
+    _stop_diverged_siblings(built, records)
+    if rung < ranked_before:
+      continue
+    values, done_elsewhere = {}, 0
+    for name in candidates:
+      mine = [(s, g) for ms, g in built for n, s, _, _ in ms if n == name and f"{n}@{s}" in g.alive]
+      if mine and all(g.best_value(f"{name}@{s}") is not None for s, g in mine) and not any(
+          (name, s) in records for ms, _ in built for n, s, _, _ in ms if n == name):
+        values[name] = float(np.mean([g.best_value(f"{name}@{s}") for s, g in mine]))
+      elif any("diverged" not in r and r.get("eliminated", {}).get("rung_step", rung + 1) > rung
+               for (n, _), r in records.items() if n == name):
+        done_elsewhere += 1  # passed this rung in an earlier attempt (finished, or stopped later)
+    # An earlier, interrupted attempt already ranked this rung: the candidates it let through count
+    # among the kept, those it stopped here among the ranked, so a rerun keeps the same ones.
+    stopped_here = {n for (n, _), r in records.items()
+                    if r.get("eliminated", {}).get("rung_step") == rung}
+    keep = keep_count(len(values) + done_elsewhere + len(stopped_here), eta, keep_at_least) - done_elsewhere
+    keep_names = set(survivors(values, max(keep, 0)))
+    dropped = [n for n in values if n not in keep_names]
+    if dropped:
+      logging.info("[candidates] successive halving at step %d: %d of %d go on (%s); stopped: %s",
+                   rung, len(keep_names), len(values), sorted(keep_names), dropped)
+    reasons = {n: {"rule": f"successive halving, eta={eta}", "rung_step": rung, "kept": sorted(keep_names),
+                   "candidates_ranked": len(values), "candidate_value": values[n]} for n in dropped}
+    z = float(recipe_config.recipe.get("drop_behind_z", 0.0))
+    if z > 0:
+      points = {n: {s: g.best_points[f"{n}@{s}"] for ms, g in built for m, s, _, _ in ms
+                    if m == n and f"{m}@{s}" in g.best_points} for n in keep_names}
+      behind = clearly_behind(points, {n: values[n] for n in values if n in keep_names}, z)
+      if behind:
+        logging.info("[candidates] at step %d, clearly behind the leader (paired z > %g): %s", rung, z,
+                     {n: round(v, 2) for n, v in behind.items()})
+      for n, score in behind.items():
+        reasons[n] = {"rule": f"clearly behind the leader: paired z = {score:.2f} > recipe.drop_behind_z = {z:g}",
+                      "rung_step": rung, "kept": sorted(set(keep_names) - set(behind)),
+                      "candidates_ranked": len(values), "candidate_value": values[n], "z": score}
+    for n, reason in reasons.items():
+      for group_members, g in built:
+        g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
+  for group_members, g in built:
+    if not g.finish(stop):
+      _preempted(built, where)
+    for n, s, _, _ in group_members:
+      out[(n, s)] = g.records[f"{n}@{s}"]
 
 
 def _stop_diverged_siblings(built, records) -> None:

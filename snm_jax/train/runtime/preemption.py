@@ -6,9 +6,16 @@ step. Several processes (`jax.distributed`): JAX's preemption service receives S
 process and agrees on one step for all of them (`multihost_utils.reached_preemption_sync_point`,
 which the loop calls after every step); another listed signal is turned into a SIGTERM to this
 process so the service sees it.
+
+The service wants the ids it is called with to increase from one call to the next on every
+process alike. A recipe steps its candidate groups one after another, each from its own step 0,
+and may then train runs alone: so the id is not a run's step but the number of calls this
+process has made (`reached`), the same sequence on every process because they run the same
+program.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -21,6 +28,9 @@ from snm_jax.errors import ConfigError, SnmJaxError
 
 # EX_TEMPFAIL (sysexits.h): "try again later" -- the checkpoint is written, rerun the same command.
 PREEMPTED_EXIT_STATUS = 75
+
+# The ids passed to JAX's preemption sync point: increasing over the whole process (see above).
+_SYNC_IDS = itertools.count(1)
 
 
 class Preempted(SnmJaxError):
@@ -46,7 +56,8 @@ def parse_signals(spec: str) -> tuple[signal.Signals, ...]:
 
 class PreemptionWatch:
   """Context manager: installs the handlers on enter, restores the previous ones on exit;
-  `reached(step)` is True at the step every process stops at after a notice."""
+  `reached()`, called after every step, is True at the step every process stops at after a
+  notice."""
 
   def __init__(self, spec: str = "SIGTERM"):
     self.signals = parse_signals(spec)
@@ -84,7 +95,7 @@ class PreemptionWatch:
       signal.signal(sig, previous)
     self._previous.clear()
 
-  def reached(self, step: int) -> bool:
+  def reached(self) -> bool:
     if self._multi:
-      return bool(self.signals) and multihost_utils.reached_preemption_sync_point(step)
+      return bool(self.signals) and multihost_utils.reached_preemption_sync_point(next(_SYNC_IDS))
     return self._notice.is_set()

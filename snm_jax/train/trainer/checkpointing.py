@@ -119,10 +119,7 @@ class Checkpointer:
     failures = []
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        out = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-        state, data = out["state"], dict(out["data"])
-        self._verify(step, state, data)
+        state, data = self.restore(step, abstract_state)
         if accept is not None:
           accept(step, state, data)
       except Exception as e:  # pylint: disable=broad-except
@@ -155,6 +152,15 @@ class Checkpointer:
     if is_writer():
       print(message, file=sys.stderr, flush=True)
     return None
+
+  def restore(self, step: int, abstract_state):
+    """(state, data_state) of the checkpoint of `step`, its arrays verified against their digest;
+    raises (orbax's errors, CheckpointError) when it is unreadable."""
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    state, data = out["state"], dict(out["data"])
+    self._verify(step, state, data)
+    return state, data
 
   def _verify(self, step: int, state, data: dict) -> None:
     """Raises if the restored state's digest differs from the one saved with it."""

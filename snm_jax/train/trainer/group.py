@@ -17,8 +17,14 @@ state, by `finish`. The caller decides which members stop early (`drop`: success
 `snm_jax.train.recipes.recipe`), so a group never reads the test split to choose.
 
 A finished member leaves what a finished run leaves for the recipe and the ensembles: config.json,
-results.json and its selected state in `<workdir>/best`. Not kept: periodic checkpoints of the
-group -- an interrupted group is retrained from its start (its finished members are reused).
+results.json and its selected state in `<workdir>/best`.
+
+Checkpoints: every `train.checkpoint_every` steps, and when `checkpoint` is called (the recipe's
+answer to a preemption notice), each member still training saves in `<workdir>/checkpoints` its
+state, its selected state so far, its data position, its progress record and its validation
+points. A new group of the same members resumes from the newest step all of them saved
+(`_resume`), so an interrupted group continues where it stopped rather than from step 0, to the
+same bits as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ from snm_jax.errors import ConfigError
 from snm_jax.train.config.overrides import json_without
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
 from snm_jax.train.runtime.progress import Progress
+from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like
 from snm_jax.train.runtime.workpath import workdir_path, write_text
 from snm_jax.train.trainer import loop
-from snm_jax.train.trainer.checkpointing import Checkpointer
 from snm_jax.train.trainer.results import run_results, selection_record
 from snm_jax.train.trainer.tasks import build_task
 
@@ -131,7 +137,7 @@ class CandidateGroup:
     self.best = {}                      # name -> its selected state (device)
     self.alive = list(self.names)
     self.step = 0
-    self.seconds = {"build": time.perf_counter() - t0, "compile": 0.0, "train": 0.0, "evaluate": 0.0}
+    self.seconds = {"build": 0.0, "compile": 0.0, "train": 0.0, "evaluate": 0.0, "checkpoint": 0.0}
     self.member_seconds = {n: 0.0 for n in self.names}  # each member's share of the training time
     self.records = {}  # name -> what the member left: results.json, {"diverged"} or {"eliminated"}
     self.t_start = t0
@@ -152,6 +158,14 @@ class CandidateGroup:
       self._step_one = jax.jit(step_one, donate_argnums=(0,))
       self.states = {n: self.tasks[n].state for n in self.names}
       self._compiled = False
+    self._checkpointers = {}
+    self.checkpoint_every = config.train.checkpoint_every
+    self._resume()
+    self.start_step = self.step
+    if is_writer():  # (what a rerun compares before resuming the checkpoints, as a run's)
+      for name in self.names:
+        self._write_config(name)
+    self.seconds["build"] = time.perf_counter() - t0
 
   # ---- the members' states ------------------------------------------------------------------
   def _restack(self, states):
@@ -185,13 +199,16 @@ class CandidateGroup:
                                             self._key[name], self._lr[name])
 
   # ---- training ---------------------------------------------------------------------------
-  def advance(self, until: int) -> None:
+  def advance(self, until: int, stop=None) -> bool:
     """Trains the members still alive up to step `until` (at most train.num_steps), evaluating
-    validation every train.eval_every steps; a member out of `train.patience` or diverged stops."""
+    validation every train.eval_every steps and checkpointing every train.checkpoint_every; a
+    member out of `train.patience` or diverged stops. `stop()`, asked after every step (a
+    preemption notice), ends it early: returns False then, else True."""
     until = min(until, self.num_steps)
-    t_start, evaluate_before = time.perf_counter(), self.seconds["evaluate"]
+    t_start, aside_before = time.perf_counter(), self._seconds_aside()
     alive_at_start = list(self.alive)
-    while self.alive and self.step < until:
+    stopped = False
+    while self.alive and self.step < until and not stopped:
       if not self._compiled:  # the first step after a (re)stack: its compilation, timed apart
         t0 = time.perf_counter()
         self._train_step()
@@ -204,14 +221,21 @@ class CandidateGroup:
       self.step += 1
       if itstime(self.step, self.eval_every, self.num_steps):
         self._evaluate()
+      if self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0 and self.step < self.num_steps:
+        self.checkpoint()  # (a member at train.num_steps finishes instead)
+      stopped = stop is not None and stop()
     if self.alive:
       self._block()
-    # steps dispatch asynchronously: the training time is the span less the evaluations in it,
-    # shared equally by the members that trained in it
-    span = time.perf_counter() - t_start - (self.seconds["evaluate"] - evaluate_before)
+    # steps dispatch asynchronously: the training time is the span less the evaluations and
+    # checkpoints in it, shared equally by the members that trained in it
+    span = time.perf_counter() - t_start - (self._seconds_aside() - aside_before)
     self.seconds["train"] += span
     for name in alive_at_start:
       self.member_seconds[name] += span / len(alive_at_start)
+    return not stopped
+
+  def _seconds_aside(self) -> float:
+    return self.seconds["evaluate"] + self.seconds["checkpoint"]
 
   def _evaluate(self) -> None:
     self._block()  # (the steps' time, counted as training by `advance`)
@@ -294,12 +318,98 @@ class CandidateGroup:
     write_text(self.workdirs[name] / "config.json",
                json.dumps(json.loads(self.configs[name].to_json_best_effort()), indent=2))
 
-  def finish(self) -> None:
-    """Trains the members still alive to train.num_steps and finishes each (`_finish_member`)."""
-    self.advance(self.num_steps)
+  def finish(self, stop=None) -> bool:
+    """Trains the members still alive to train.num_steps and finishes each (`_finish_member`);
+    False when `stop()` ended the training first (see `advance`): nothing is finished then."""
+    if not self.advance(self.num_steps, stop):
+      return False
     for name in list(self.alive):
       self._finish_member(name)
     self._keep([])
+    return True
+
+  # ---- checkpoints ------------------------------------------------------------------------
+  def _checkpointer(self, name) -> Checkpointer:
+    if name not in self._checkpointers:
+      self._checkpointers[name] = Checkpointer(self.workdirs[name] / "checkpoints",
+                                               keep=self.configs[name].train.keep_checkpoints)
+    return self._checkpointers[name]
+
+  def checkpoint(self) -> None:
+    """Saves, for every member still training, at the current step (unless saved there already):
+    its state and its selected state so far (`{"state", "best"}`), and as JSON its data
+    position, progress record (its training seconds included) and validation points."""
+    if self.step == 0:
+      return
+    t0 = time.perf_counter()
+    for name in self.alive:
+      ckpt = self._checkpointer(name)
+      if ckpt.latest_step() == self.step:
+        continue
+      state = self._member_state(name)
+      points = self.best_points.get(name)
+      ckpt.save(self.step, {"state": state, "best": self.best.get(name, state)}, {
+          "iterator": self.tasks[self._feed[name]].batches.get_state(),
+          "progress": {**self.progress[name].to_json(), "train_seconds": self.member_seconds[name]},
+          "best_points": None if points is None else {"dtype": np.asarray(points).dtype.str,
+                                                      "values": np.asarray(points).tolist()}})
+    self.seconds["checkpoint"] += time.perf_counter() - t0
+
+  def wait(self) -> None:
+    """Until every checkpoint save in flight is committed."""
+    for ckpt in self._checkpointers.values():
+      ckpt.wait()
+
+  def close(self) -> None:
+    for ckpt in self._checkpointers.values():
+      ckpt.close()
+    self._checkpointers.clear()
+
+  def _resume(self) -> None:
+    """Restores every member from the newest step all of them checkpointed; checkpoints newer than
+    it (saved by only some members, or unreadable) are deleted. None in common: from step 0."""
+    saved = {n: _saved_steps(self.workdirs[n] / "checkpoints") for n in self.names}
+    if not any(saved.values()):
+      return
+    for name in self.names:  # a workdir's checkpoints are resumed only by a compatible config
+      if saved[name]:
+        loop.check_saved_config(self.configs[name], self.workdirs[name])
+    common = sorted(set.intersection(*(set(v) for v in saved.values())), reverse=True)
+    step, restored = 0, None
+    for candidate in common:
+      try:
+        restored = {n: self._checkpointer(n).restore(candidate, abstract_like(
+            {"state": self.tasks[n].state, "best": self.tasks[n].state})) for n in self.names}
+        step = candidate
+        break
+      except Exception as e:  # pylint: disable=broad-except  # (orbax raises many types)
+        logging.warning("candidate group: the members' checkpoints of step %d are not all readable "
+                        "(%s: %s); trying an older one", candidate, type(e).__name__, str(e)[:300])
+    if restored is None:
+      logging.warning("candidate group %s: no step that every member checkpointed is readable "
+                      "(saved: %s); the group trains from step 0", self.names, saved)
+    for name in self.names:
+      if saved[name]:
+        self._checkpointer(name).delete_after(step)
+    if restored is None:
+      return
+    for name, (pair, data) in restored.items():
+      progress = Progress.from_json(data["progress"])
+      self.progress[name] = progress
+      self.member_seconds[name] = progress.train_seconds
+      if progress.best_step >= 0:
+        self.best[name] = pair["best"]
+      if data.get("best_points") is not None:
+        self.best_points[name] = np.asarray(data["best_points"]["values"],
+                                            np.dtype(data["best_points"]["dtype"]))
+      if self._feed[name] == name:
+        self.tasks[name].batches.set_state(data["iterator"])
+      if self.mode == "serial":
+        self.states[name] = pair["state"]
+    if self.mode == "vmap":
+      self._restack([restored[n][0]["state"] for n in self.alive])
+    self.step = step
+    logging.info("candidate group %s resumed from step %d", self.names, step)
 
   def _finish_member(self, name) -> None:
     """Test metrics of the member's selected state (and of its last), its selected state in
@@ -330,10 +440,16 @@ class CandidateGroup:
         final=final, selected=selection_record(progress, self.step, self.select_metric, last),
         history=progress.history, mesh=self.mesh, startup_seconds=self.seconds["build"],
         compile_seconds=self.seconds["compile"],
-        steady_steps_per_second=self.step / self.seconds["train"] if self.seconds["train"] > 0 else None,
+        steady_steps_per_second=((self.step - self.start_step) / self.seconds["train"]
+                                 if self.seconds["train"] > 0 else None),
         state=last_state if config.train.fingerprint else None,
         group={"members": self.names, "mode": self.mode, "seconds": dict(self.seconds)})
     self.records[name] = results
     if is_writer():
       self._write_config(name)
       write_text(workdir / "results.json", json.dumps(results, indent=2, sort_keys=True))
+
+
+def _saved_steps(directory) -> list[int]:
+  """The steps of the checkpoints in `directory` (none when it does not exist)."""
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []

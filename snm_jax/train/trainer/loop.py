@@ -50,7 +50,7 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
   validation.validate(config)  # every field the data is not needed for, before any loading
   workdir = workdir_path(workdir)  # local: absolute; a URI (gs://...): as it is
   with workdir_lock(workdir), contextlib.ExitStack() as cleanup:
-    _check_saved_config(config, workdir)
+    check_saved_config(config, workdir)
 
     # ---- task: data, model, sampler, step, state (method-specific) ------------
     mesh = sharding.make_mesh(config.mesh.shape)
@@ -124,7 +124,7 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
       if config.train.checkpoint_every >= 0 and (
           itstime(step, config.train.checkpoint_every, num_steps) or progress.stopped_early):
         save_checkpoint()
-      if preemption.reached(step):  # after the step every process agreed on: save, then stop
+      if preemption.reached():  # after the step every process agreed on: save, then stop
         _stop_preempted(step, ckpt, save_checkpoint)
     jax.block_until_ready(state)
     segment_seconds = train_seconds() - progress.train_seconds
@@ -242,7 +242,7 @@ def _check_finite(state, config, ckpt: Checkpointer) -> int:
   return bad
 
 
-def _check_saved_config(config, workdir) -> None:
+def check_saved_config(config, workdir) -> None:
   """A workdir with checkpoints may be resumed only by a compatible config (before restoring)."""
   ckpt_dir = workdir / "checkpoints"
   saved = workdir / "config.json"
