@@ -130,12 +130,24 @@ def _run(tmp_path, name, **overrides):
   return train_and_evaluate(config, tmp_path / name)
 
 
+def _diagnostics(workdir) -> list[dict]:
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [{k: v for k, v in r.items() if k.startswith("diag/")} for r in rows
+          if any(k.startswith("diag/") for k in r)]
+
+
 def test_training_through_the_shards_gives_the_in_memory_state(bibtex_shards, tmp_path):
+  """The same state, selection, test metrics and sampler diagnostics (their probe: the first
+  training points, read by index from the shards or cut from memory)."""
   out, _ = bibtex_shards
-  carve = {"dataset.validation_fraction": 0.1, "dataset.validation_seed": 2, "eval.select_metric": "P@1"}
+  carve = {"dataset.validation_fraction": 0.1, "dataset.validation_seed": 2, "eval.select_metric": "P@1",
+           "diagnostics.every": 12, "diagnostics.probe_size": 32, "diagnostics.snr_draws": 2}
   memory = _run(tmp_path, "memory", **carve)
   sharded = _run(tmp_path, "sharded", **carve, **{"dataset.format": "sharded", "dataset.shards": str(out)})
   assert sharded["state_fingerprint"] == memory["state_fingerprint"]
+  diagnosed = _diagnostics(tmp_path / "memory")
+  assert len(diagnosed) == 2 and diagnosed[0]["diag/grad_snr"] > 0
+  assert _diagnostics(tmp_path / "sharded") == diagnosed
   metrics = lambda r: {k: v for k, v in r["final"].items() if k != "eval_seconds"}  # noqa: E731
   assert metrics(sharded) == metrics(memory) and metrics(memory)["P@1"] > 0
   assert [sharded["selected"][k] for k in ("step", "value")] == [memory["selected"][k] for k in ("step", "value")]

@@ -504,8 +504,6 @@ def _validate_format(config) -> None:
               and not config.adversarial.get("fit_max_points", 0),
               "the tree sampler is fitted on a bounded sample of the training split read from the "
               "shards: set adversarial.fit_max_points > 0 (e.g. 1000000)"),
-             ("diagnostics.every", config.get("diagnostics") is not None and config.diagnostics.every > 0,
-              "the diagnostics probe batch is cut from the training matrix"),
              ("recipe.splits", bool(config.get("recipe") and config.recipe.get("name", "")
                                     and int(config.recipe.get("splits", 1)) > 1),
               "the converted dataset holds one validation carve (-1 takes it)"),

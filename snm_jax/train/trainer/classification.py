@@ -142,7 +142,7 @@ def build(config, mesh) -> Task:
     evaluators["validation"] = make_evaluate(config, run_data, "validation", **eval_kwargs)
   diagnose = None
   if config.get("diagnostics") is not None and config.diagnostics.every > 0:
-    probe = probe_batch(run_data.train.features, run_data.train.labels, config.diagnostics.probe_size,
+    probe = probe_batch(*_probe_points(config, run_data), config.diagnostics.probe_size,
                         mesh, max_nnz=batcher.max_nnz, max_labels=batcher.max_labels,
                         batcher_cls=type(batcher))
 
@@ -282,6 +282,17 @@ def _tree_fit_points(config, run_data):
   if rows is None:
     return train.features, train.labels
   return train.features[rows], train.labels[rows]
+
+
+def _probe_points(config, run_data):
+  """(features, label sets) holding the diagnostics' probe: the first `diagnostics.probe_size`
+  training points, in file order; on shards only those records are read (by index)."""
+  train = run_data.train
+  if run_data.sharded:
+    size = int(config.diagnostics.probe_size)
+    return shards.read_split(train.path, train.split, meta=train.meta,
+                             rows=np.arange(min(max(size, 0), train.num_points)))
+  return train.features, train.labels
 
 
 def _fit_tree(config, run_data):
