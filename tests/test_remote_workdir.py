@@ -11,8 +11,9 @@ folder, at the two places a run reaches storage:
     replaced by a "file" spec on the same folder. orbax's HNS probe (which
     needs google-cloud-storage and credentials) answers False.
 Everything else is orbax's real gs:// code path (e.g. a step is committed
-with commit_success.txt, not with a rename). Not covered offline: gcsfs and
-TensorStore's GCS driver themselves, and GCS consistency/latency.
+with commit_success.txt, not with a rename). gcsfs, ArrayRecord's GCS reader and
+TensorStore's GCS driver themselves run against an emulator in test_gcs_emulator.py
+(the gcs-test extra); GCS consistency and latency are not covered.
 """
 
 import json

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
+import shutil
+import tempfile
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -130,13 +133,12 @@ def write_split(out_dir, split: str, chunks: Iterable[tuple[sp.csr_matrix | np.n
   drop_unlabeled: skip rows without a label (training splits); the rest keep their row index.
   label_counts: int64 (K,) accumulated in place with the written rows' positives, if given.
   """
-  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
   out_dir = epath.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   num_shards = max(1, min(num_shards, num_rows)) if num_rows else 1
   files = [f"{split}-{s:05d}-of-{num_shards:05d}.array_record" for s in range(num_shards)]
   bounds = [num_rows * (s + 1) // num_shards for s in range(num_shards)]
-  shard, writer = 0, ArrayRecordWriter(str(out_dir / files[0]), WRITER_OPTIONS)
+  shard, writer = 0, _ShardWriter(out_dir / files[0])
   row, written, dropped = 0, 0, 0
   nnz_hist, lab_hist = [], []
   for features, labels in chunks:
@@ -164,17 +166,45 @@ def write_split(out_dir, split: str, chunks: Iterable[tuple[sp.csr_matrix | np.n
       while shard + 1 < num_shards and row + i >= bounds[shard]:
         writer.close()
         shard += 1
-        writer = ArrayRecordWriter(str(out_dir / files[shard]), WRITER_OPTIONS)
+        writer = _ShardWriter(out_dir / files[shard])
       writer.write(record)
     written += rows.size
     row += lens.size
   writer.close()
   for s in range(shard + 1, num_shards):  # every named file exists, even if empty
-    ArrayRecordWriter(str(out_dir / files[s]), WRITER_OPTIONS).close()
+    _ShardWriter(out_dir / files[s]).close()
   if row != num_rows:
     raise ValueError(f"split {split}: the chunks held {row} rows, {num_rows} were announced")
   return SplitInfo(files=files, num_rows=written, unlabeled_rows_dropped=dropped,
                    nnz_histogram=nnz_hist, labels_histogram=lab_hist)
+
+
+class _ShardWriter:
+  """An ArrayRecord file at `path`, local or remote. ArrayRecord's writer opens local files only
+  (its reader opens gs:// itself): a remote shard is written to a local temporary file, then copied
+  with etils.epath on `close` -- local disk for one shard at a time."""
+
+  def __init__(self, path: epath.Path):
+    from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
+    self.path = path
+    self._local = None if _is_local(path) else tempfile.mkdtemp(prefix="snm_jax_shard_")
+    target = path if self._local is None else pathlib.Path(self._local) / path.name
+    self._writer = ArrayRecordWriter(str(target), WRITER_OPTIONS)
+
+  def write(self, record: bytes) -> None:
+    self._writer.write(record)
+
+  def close(self) -> None:
+    self._writer.close()
+    if self._local is not None:
+      try:
+        epath.Path(self._local, self.path.name).copy(self.path, overwrite=True)
+      finally:
+        shutil.rmtree(self._local, ignore_errors=True)
+
+
+def _is_local(path) -> bool:
+  return "://" not in str(path)
 
 
 def write_metadata(out_dir, meta: Metadata, train_label_counts: np.ndarray) -> None:
