@@ -66,19 +66,53 @@ SLOW_FIRST = ("test_bf16.py", "test_preemption.py", "test_sharded_data.py", "tes
 # bits with a run in a subprocess passes the subprocess the same flags (`SNM_JAX_TEST_XLA_FLAGS`; set
 # it, to "" for XLA's defaults, to choose). The timing tests (`-m timing`, run apart by `make test`)
 # measure what users run: XLA's defaults.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# LLVM -O0 is set through JAX's `jax_disable_most_optimizations` (JAX_DISABLE_MOST_OPTIMIZATIONS=1,
+# the same backend level 0), not XLA_FLAGS, because JAX reads it at each compile: a module of tests
+# that run long loops through the library (many steps of a recipe) marks itself
+# `pytestmark = pytest.mark.optimized` and its programs compile at XLA's default level
+# (`_optimized_module`). Measured per file, both ways twice (one process, 2026-11-28): it pays in
+# test_configs.py (35.6 / 35.2 s -> 21.4 / 25.5 s: the paper-scale smoke's 325k-label table) and
+# test_sharded_data.py (41.8 / 37.5 -> 35.9 / 35.3 s), and cost time in the 13 other step-heavy files
+# tried (e.g. test_bf16.py 40.3 / 37.1 -> 61.3 / 60.7 s: their compiles outweigh their steps).
+# Subprocesses inherit the variable, so their bits match this process's unmarked modules.
+# MLIR location metadata without Python tracebacks (JAX_TRACEBACK_IN_LOCATIONS_LIMIT=0): lowering
+# spends less time building it (two heavy files: 47.5 s against 49.7 s, two alternated pairs).
+FAST_COMPILE_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 
 
 def pytest_configure(config):
-  flags = "" if (config.option.markexpr or "").strip() == "timing" else FAST_COMPILE_FLAGS
-  flags = os.environ.setdefault("SNM_JAX_TEST_XLA_FLAGS", flags)  # set it (to "") to choose
+  timing = (config.option.markexpr or "").strip() == "timing"
+  flags = os.environ.setdefault("SNM_JAX_TEST_XLA_FLAGS", "" if timing else FAST_COMPILE_FLAGS)  # set it to choose
   if flags and flags not in os.environ["XLA_FLAGS"]:  # (xdist workers inherit the controller's)
     os.environ["XLA_FLAGS"] += " " + flags
+  if not timing and os.environ["SNM_JAX_TEST_XLA_FLAGS"] == FAST_COMPILE_FLAGS:
+    os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+    os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
+    os.environ.setdefault("JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS", "false")
   # pytest-xdist (>= 3.2) re-sorts --dist=loadfile's files by their number of tests, most first
   # (--loadscope-reorder, its default), which undid the order above: the 2-test test_multihost
   # and test_preemption ran last, alone on one worker. Keep the collection order.
   if hasattr(config.option, "loadscopereorder"):
     config.option.loadscopereorder = False
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _optimized_module(request):
+  """Programs compiled at XLA's default optimisation level in a module marked `optimized`."""
+  if request.node.get_closest_marker("optimized") is None or not os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS"):
+    yield
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  # The setting is not part of JAX's jit cache key: the executables compiled before (and kept by the
+  # library's program caches) are dropped on the way in and out, so no module runs a program
+  # compiled at the other level (their last bits may differ).
+  jax.clear_caches()
+  jax.config.update("jax_disable_most_optimizations", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", True)
+    jax.clear_caches()
 
 
 def pytest_collection_modifyitems(items):

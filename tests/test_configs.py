@@ -8,6 +8,8 @@ import pytest
 from snm_jax.train.config import validation
 from snm_jax.train.trainer.loop import train_and_evaluate
 
+pytestmark = pytest.mark.optimized  # (tests/conftest.py: the paper-scale smoke runs a 325k-label table)
+
 SMALL = [("default", ""), ("default", "runlocal"), ("default", "paper"), ("default", "paper,runlocal"), ("snm", ""), ("snm", "delicious,k=64"),
          ("snm", "synthetic,kind=powl"), ("negative_sampling", "bibtex"), ("s2m", "delicious,kprime=32"),
          ("full_softmax", "bibtex")]
