@@ -211,24 +211,39 @@ def _candidate_results(workdir):
   return out
 
 
-def test_a_preempted_then_crashed_recipe_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
-  """Two candidate groups (linear, wide_deep; three table rates each), halving at two rungs with
-  the paired rule, a checkpoint every 4 steps. A preemption notice at the 13th step: every group
-  checkpoints where it stands and Preempted is raised. The rerun resumes them; a crash after its
-  10th step (the second group past the first rung, its last checkpoint at step 12) loses what
-  followed the last periodic checkpoints. The third run ends on the results of
-  an uninterrupted recipe: the same members stopped at the same rungs with the same values, the
-  same selections and final state fingerprints of every candidate, the same choice."""
-  from run_configs import tiny_synthetic_recipe  # pylint: disable=g-import-not-at-top
+# A recipe of two candidate groups (linear, wide_deep; two table rates each), halving at two rungs
+# with the paired rule, a checkpoint every 4 steps, evaluations every 4.
+RECIPE = {"dataset.synthetic.num_labels": 64, "dataset.synthetic.num_train": 800,
+          "dataset.synthetic.num_test": 100, "dataset.synthetic.dim": 16,
+          "recipe.search": "model.kind=linear,wide_deep;table.learning_rate*=1,2", "recipe.ensemble": 2,
+          "recipe.halving": 2, "recipe.rungs": 2, "recipe.drop_behind_z": 1.0, "recipe.evaluations": 10,
+          "train.checkpoint_every": 4, "train.fingerprint": True, "mesh.shape": (1, 1)}
+
+
+def recipe_config():
+  return with_overrides(xmc.get_config("synthetic,runlocal"), RECIPE)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """(results.json, every candidate's record) of the RECIPE run without interruption."""
+  from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  out = recipe.run(recipe_config(), workdir)
+  return out, _candidate_results(workdir)
+
+
+def test_a_preempted_then_crashed_recipe_resumes_to_the_uninterrupted_result(uninterrupted, tmp_path, monkeypatch):
+  """A preemption notice at the 13th step: every group checkpoints where it stands and Preempted is
+  raised. The rerun resumes them; a crash after its 10th step (the second group past the first
+  rung, its last checkpoint at step 12) loses what followed the last periodic checkpoints. The
+  third run ends on the results of the uninterrupted recipe: the same members stopped at the same
+  rungs with the same values, the same selections and final state fingerprints of every candidate,
+  the same choice."""
   from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
   from snm_jax.train.runtime import preemption  # pylint: disable=g-import-not-at-top
-  c = tiny_synthetic_recipe(**{"recipe.search": "model.kind=linear,wide_deep;table.learning_rate*=1,2",
-                               "recipe.ensemble": 2, "recipe.halving": 2, "recipe.rungs": 2,
-                               "recipe.drop_behind_z": 1.0, "recipe.evaluations": 10,
-                               "train.checkpoint_every": 4,
-                               "train.fingerprint": True})
-  reference = recipe.run(c, tmp_path / "uninterrupted")
-  expected = _candidate_results(tmp_path / "uninterrupted")
+  c = recipe_config()
+  reference, expected = uninterrupted
   assert any(m == "eliminated.json" for m, *_ in expected.values())  # the rungs decided something
 
   calls = {"n": 0}
@@ -280,3 +295,77 @@ def test_a_preempted_then_crashed_recipe_resumes_to_the_uninterrupted_result(tmp
   assert again["recipe"]["chosen"] == reference["recipe"]["chosen"]
   assert again["recipe"].get("eliminated") == reference["recipe"].get("eliminated")
   assert _timeless(again["final"]) == _timeless(reference["final"])
+
+
+@pytest.mark.parametrize("mode", group_lib.MODES)
+def test_a_group_lost_after_a_checkpoint_resumes_to_the_uninterrupted_group(tmp_path, mode):
+  """Three members, a checkpoint every 8 steps: a group dropped at step 12 (a lost process) and a
+  new group of the same members resume from step 8 -- state, selection so far, data position --
+  and finish on the uninterrupted group's results and selected tables, in both group modes."""
+  configs = {n: with_overrides(c, {"train.checkpoint_every": 8, "train.fingerprint": True})
+             for n, c in member_configs().items()}
+  mesh = sharding.make_mesh(configs["lr_x1"].mesh.shape)
+
+  def group(root):
+    return group_lib.CandidateGroup([(n, c, root / n) for n, c in configs.items()], mesh, mode=mode)
+
+  whole = group(tmp_path / "whole")
+  whole.finish()
+  whole.close()
+  lost = group(tmp_path / "resumed")
+  lost.advance(12)
+  lost.wait()
+  del lost
+  again = group(tmp_path / "resumed")
+  assert again.start_step == 8 and all(again.best_value(n) is not None for n in configs)
+  again.finish()
+  again.close()
+  for name, config in configs.items():
+    a, b = (json.loads((tmp_path / d / name / "results.json").read_text()) for d in ("whole", "resumed"))
+    assert a["state_fingerprint"] == b["state_fingerprint"], name
+    assert _timeless(a["selected"]) == _timeless(b["selected"]) and _timeless(a["final"]) == _timeless(b["final"])
+    np.testing.assert_array_equal(_best_table(config, tmp_path / "resumed" / name),
+                                  _best_table(config, tmp_path / "whole" / name))
+
+
+def test_a_recipe_sent_sigterm_checkpoints_its_groups_and_resumes_to_the_same_result(uninterrupted, tmp_path):
+  """`experiments.train` running the recipe gets SIGTERM at a random moment after its first member
+  checkpoint: exit 75, no results.json. The same recipe rerun (in this process, with the
+  subprocess's compiler settings) ends on the uninterrupted recipe's candidates and result."""
+  import os  # pylint: disable=g-import-not-at-top
+  import random  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from pathlib import Path  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
+  from snm_jax.train.runtime.preemption import PREEMPTED_EXIT_STATUS  # pylint: disable=g-import-not-at-top
+  reference, expected = uninterrupted
+  repo = Path(__file__).resolve().parents[1]
+  env = {**os.environ, "XLA_FLAGS": os.environ["SNM_JAX_TEST_XLA_FLAGS"], "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "experiments.train", "--config=experiments/configs/xmc.py:synthetic,runlocal",
+         *[f"--config.{k}={v}".replace(" ", "") for k, v in RECIPE.items()]]  # ("(1,1)": one device, as here)
+  rng = random.Random(5)
+  for trial in range(3):  # the recipe may finish before its signal arrives: start again
+    workdir = tmp_path / f"trial{trial}"
+    proc = subprocess.Popen([*cmd, f"--workdir={workdir}"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while (proc.poll() is None and time.time() < deadline
+           and not any(p.name.isdigit() for p in workdir.glob("candidates/*/checkpoints/*"))):
+      time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.2))
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    if proc.returncode == 0:
+      continue
+    assert proc.returncode == PREEMPTED_EXIT_STATUS, err[-3000:]
+    assert "checkpoint of step" in err and not (workdir / "results.json").exists()
+    again = recipe.run(recipe_config(), workdir)
+    assert _candidate_results(workdir) == expected
+    assert again["recipe"]["chosen"] == reference["recipe"]["chosen"]
+    assert _timeless(again["final"]) == _timeless(reference["final"])
+    return
+  pytest.fail("every recipe finished before its signal")
