@@ -338,10 +338,10 @@ def test_a_recipe_sent_sigterm_checkpoints_its_groups_and_resumes_to_the_same_re
   import signal  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
   from pathlib import Path  # pylint: disable=g-import-not-at-top
   from snm_jax.train.recipes import recipe  # pylint: disable=g-import-not-at-top
   from snm_jax.train.runtime.preemption import PREEMPTED_EXIT_STATUS  # pylint: disable=g-import-not-at-top
+  import interrupts  # pylint: disable=g-import-not-at-top
   reference, expected = uninterrupted
   repo = Path(__file__).resolve().parents[1]
   env = {**os.environ, "XLA_FLAGS": os.environ["SNM_JAX_TEST_XLA_FLAGS"], "JAX_PLATFORMS": "cpu"}
@@ -352,14 +352,8 @@ def test_a_recipe_sent_sigterm_checkpoints_its_groups_and_resumes_to_the_same_re
     workdir = tmp_path / f"trial{trial}"
     proc = subprocess.Popen([*cmd, f"--workdir={workdir}"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 180
-    while (proc.poll() is None and time.time() < deadline
-           and not any(p.name.isdigit() for p in workdir.glob("candidates/*/checkpoints/*"))):
-      time.sleep(0.01)
-    time.sleep(rng.uniform(0.0, 0.2))
-    if proc.poll() is None:
-      proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
+    a_member_checkpointed = lambda: any(p.name.isdigit() for p in workdir.glob("candidates/*/checkpoints/*"))  # noqa: E731
+    err = interrupts.signal_when(proc, a_member_checkpointed, signal.SIGTERM, rng.uniform(0.0, 0.2))
     if proc.returncode == 0:
       continue
     assert proc.returncode == PREEMPTED_EXIT_STATUS, err[-3000:]

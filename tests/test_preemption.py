@@ -19,7 +19,9 @@ import pytest
 
 from snm_jax.data import convert
 from snm_jax.train.runtime.preemption import PREEMPTED_EXIT_STATUS
+from snm_jax.train.trainer.checkpointing import saved_steps
 from snm_jax.train.trainer.loop import train_and_evaluate
+import interrupts
 import run_configs
 
 pytestmark = pytest.mark.slow
@@ -53,16 +55,12 @@ def _cmd(workdir, overrides):
 
 
 def _checkpoints(workdir: Path) -> list[int]:
-  d = workdir / "checkpoints"
-  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+  return saved_steps(workdir / "checkpoints")
 
 
-def _wait_for_checkpoint_after(procs, workdir, step, timeout=180):
-  """Until a checkpoint of a step > `step` is in `workdir`, or a process has ended."""
-  deadline = time.time() + timeout
-  while (all(p.poll() is None for p in procs) and not any(s > step for s in _checkpoints(workdir))
-         and time.time() < deadline):
-    time.sleep(0.02)
+def _checkpoint_after(workdir, step):
+  """`interrupts.wait_until`'s test: a checkpoint of a step > `step` is in `workdir`."""
+  return lambda: any(s > step for s in _checkpoints(workdir))
 
 
 def _stopped_at(err: str) -> int:
@@ -91,11 +89,7 @@ def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identi
   for trial in range(4):  # a run may finish before its signal arrives: start again
     workdir = tmp_path / f"trial{trial}"
     proc = start(workdir)
-    _wait_for_checkpoint_after([proc], workdir, 0)
-    time.sleep(rng.uniform(0.0, 1.0))
-    if proc.poll() is None:
-      proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
+    err = interrupts.signal_when(proc, _checkpoint_after(workdir, 0), signal.SIGTERM, rng.uniform(0.0, 1.0))
     if proc.returncode == 0:
       continue
     assert proc.returncode == PREEMPTED_EXIT_STATUS, err[-3000:]
@@ -104,11 +98,7 @@ def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identi
     assert not (workdir / "results.json").exists()
 
     proc = start(workdir)  # resumes from `step`
-    _wait_for_checkpoint_after([proc], workdir, step)
-    time.sleep(rng.uniform(0.0, 1.0))
-    if proc.poll() is None:
-      proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=300)
+    err = interrupts.signal_when(proc, _checkpoint_after(workdir, step), signal.SIGKILL, rng.uniform(0.0, 1.0))
     if proc.returncode == 0:  # the resumed run finished first: its end is checked, then again
       assert json.loads((workdir / "results.json").read_text())["state_fingerprint"] == reference
       continue
@@ -153,7 +143,7 @@ def test_two_processes_resume_bitwise_after_a_sigterm_to_one_then_a_sigkill_to_a
                              stderr=subprocess.PIPE, text=True) for i in range(2)]
 
   procs = launch()
-  _wait_for_checkpoint_after(procs, workdir, 0)
+  interrupts.wait_until(procs, _checkpoint_after(workdir, 0))
   time.sleep(rng.uniform(0.2, 0.6))
   assert all(p.poll() is None for p in procs), "the run ended before the SIGTERM"
   procs[1].send_signal(signal.SIGTERM)
@@ -166,7 +156,7 @@ def test_two_processes_resume_bitwise_after_a_sigterm_to_one_then_a_sigkill_to_a
   assert not (workdir / "results.json").exists()
 
   procs = launch()  # resumes from `step`
-  _wait_for_checkpoint_after(procs, workdir, step)
+  interrupts.wait_until(procs, _checkpoint_after(workdir, step))
   time.sleep(rng.uniform(0.0, 0.4))
   assert all(p.poll() is None for p in procs), "the resumed run ended before the SIGKILL"
   for p in procs:

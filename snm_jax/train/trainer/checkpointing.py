@@ -211,6 +211,12 @@ class Checkpointer:
     self.manager.close()
 
 
+def saved_steps(directory) -> list[int]:
+  """The steps of the checkpoints in `directory`, ascending (none when it does not exist), read
+  from its listing without opening a checkpoint manager."""
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
 def abstract_like(tree):
   """ShapeDtypeStructs with the shardings of `tree` (the restore target)."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

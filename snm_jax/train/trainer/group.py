@@ -43,7 +43,7 @@ from snm_jax.errors import ConfigError
 from snm_jax.train.config.overrides import json_without
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
 from snm_jax.train.runtime.progress import Progress
-from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like
+from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, saved_steps
 from snm_jax.train.runtime.workpath import workdir_path, write_text
 from snm_jax.train.trainer import loop
 from snm_jax.train.trainer.results import run_results, selection_record
@@ -162,9 +162,10 @@ class CandidateGroup:
     self.checkpoint_every = config.train.checkpoint_every
     self._resume()
     self.start_step = self.step
-    if is_writer():  # (what a rerun compares before resuming the checkpoints, as a run's)
+    if is_writer():  # each member's config.json: what a rerun compares before reusing or resuming it
       for name in self.names:
-        self._write_config(name)
+        write_text(self.workdirs[name] / "config.json",
+                   json.dumps(json.loads(self.configs[name].to_json_best_effort()), indent=2))
     self.seconds["build"] = time.perf_counter() - t0
 
   # ---- the members' states ------------------------------------------------------------------
@@ -306,17 +307,12 @@ class CandidateGroup:
     self._leave(name, "diverged.json", {"diverged": message}, {"diverged": message})
 
   def _leave(self, name, marker: str, content: dict, record: dict) -> None:
-    """A member stopped without a result: `marker` and config.json in its workdir (the config is
-    compared on a rerun, `recipes.candidates.finished`), its record in `records`."""
+    """A member stopped without a result: `marker` in its workdir (next to the config.json written
+    at build, which a rerun compares: `recipes.candidates.finished`), its record in `records`."""
     self.best.pop(name, None)
     self.records[name] = record
     if is_writer():
-      self._write_config(name)
       write_text(self.workdirs[name] / marker, json.dumps(content, indent=2, sort_keys=True))
-
-  def _write_config(self, name) -> None:
-    write_text(self.workdirs[name] / "config.json",
-               json.dumps(json.loads(self.configs[name].to_json_best_effort()), indent=2))
 
   def finish(self, stop=None) -> bool:
     """Trains the members still alive to train.num_steps and finishes each (`_finish_member`);
@@ -368,7 +364,7 @@ class CandidateGroup:
   def _resume(self) -> None:
     """Restores every member from the newest step all of them checkpointed; checkpoints newer than
     it (saved by only some members, or unreadable) are deleted. None in common: from step 0."""
-    saved = {n: _saved_steps(self.workdirs[n] / "checkpoints") for n in self.names}
+    saved = {n: saved_steps(self.workdirs[n] / "checkpoints") for n in self.names}
     if not any(saved.values()):
       return
     for name in self.names:  # a workdir's checkpoints are resumed only by a compatible config
@@ -446,10 +442,5 @@ class CandidateGroup:
         group={"members": self.names, "mode": self.mode, "seconds": dict(self.seconds)})
     self.records[name] = results
     if is_writer():
-      self._write_config(name)
       write_text(workdir / "results.json", json.dumps(results, indent=2, sort_keys=True))
 
-
-def _saved_steps(directory) -> list[int]:
-  """The steps of the checkpoints in `directory` (none when it does not exist)."""
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []

@@ -19,7 +19,7 @@ from absl import logging
 from snm_jax import sharding
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax.train.config import validation
-from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, check_resume_config
+from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, check_resume_config, saved_steps
 from snm_jax.train.trainer.results import run_results, selection_record
 from snm_jax.train.runtime.host import itstime, workdir_lock
 from snm_jax.train.runtime.preemption import Preempted, PreemptionWatch
@@ -246,7 +246,7 @@ def check_saved_config(config, workdir) -> None:
   """A workdir with checkpoints may be resumed only by a compatible config (before restoring)."""
   ckpt_dir = workdir / "checkpoints"
   saved = workdir / "config.json"
-  if not (saved.is_file() and ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir())):
+  if not (saved.is_file() and saved_steps(ckpt_dir)):
     return
   try:
     saved_config = json.loads(saved.read_text())
