@@ -24,8 +24,11 @@ demo: $(STAMP)
 	$(PY) -m experiments.demo --workdir=$(WORKDIR)
 
 ## The whole test suite (this is what CI runs): the parallel part, then the timing-ratio tests alone.
+# --max-worker-restart=0: a crashed worker ends the run at once, naming the test it ran. pytest-xdist
+# 3.8 with --dist=loadfile can deadlock after replacing a crashed worker (it re-queues the files that
+# worker had finished as empty work: pytest-dev/pytest-xdist#1378), which once cost CI its whole budget.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist=loadfile -m "not timing" tests
+	$(PY) -m pytest -q -n 2 --dist=loadfile --max-worker-restart=0 -m "not timing" tests
 	$(PY) -m pytest -q -m timing tests
 
 bench: $(STAMP)
