@@ -42,6 +42,7 @@ from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 from snm_jax.errors import ConfigError
 from snm_jax.train.config.overrides import json_without
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
+from snm_jax.train.runtime.inflight import InFlight
 from snm_jax.train.runtime.progress import Progress
 from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, saved_steps
 from snm_jax.train.runtime.workpath import workdir_path, write_text
@@ -159,6 +160,7 @@ class CandidateGroup:
       self.states = {n: self.tasks[n].state for n in self.names}
       self._compiled = False
     self._checkpointers = {}
+    self._in_flight = InFlight()
     self.checkpoint_every = config.train.checkpoint_every
     self._resume()
     self.start_step = self.step
@@ -192,12 +194,14 @@ class CandidateGroup:
         fed[self._feed[n]] = next(self.tasks[self._feed[n]].batches.batcher)
     if self.mode == "vmap":
       batch = make_stacked_global_batch([fed[self._feed[n]] for n in self.alive], self.mesh, self.batch_size)
-      self.state, _ = self._vstep(self.state, batch, self._keys, self._lrs)
+      self.state, metrics = self._vstep(self.state, batch, self._keys, self._lrs)
+      self._in_flight.add(metrics)
       return
     on_device = {src: make_global_batch(batch, self.mesh) for src, batch in fed.items()}
-    for name in self.alive:
-      self.states[name], _ = self._step_one(self.states[name], on_device[self._feed[name]],
-                                            self._key[name], self._lr[name])
+    for name in self.alive:  # independent programs: each member's step counts against the bound
+      self.states[name], metrics = self._step_one(self.states[name], on_device[self._feed[name]],
+                                                  self._key[name], self._lr[name])
+      self._in_flight.add(metrics)
 
   # ---- training ---------------------------------------------------------------------------
   def advance(self, until: int, stop=None) -> bool:

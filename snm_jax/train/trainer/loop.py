@@ -22,6 +22,7 @@ from snm_jax.train.config import validation
 from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, check_resume_config, saved_steps
 from snm_jax.train.trainer.results import run_results, selection_record
 from snm_jax.train.runtime.host import itstime, workdir_lock
+from snm_jax.train.runtime.inflight import InFlight
 from snm_jax.train.runtime.preemption import Preempted, PreemptionWatch
 from snm_jax.train.runtime.progress import Progress
 from snm_jax.train.trainer.tasks import build_task
@@ -88,9 +89,11 @@ def train_and_evaluate(config, workdir, *, return_state: bool = False):
       writer.sync()
       ckpt.save(step, state, {"iterator": batches.get_state(),
                               "progress": {**progress.to_json(), "train_seconds": train_seconds()}})
+    in_flight = InFlight()
     preemption = cleanup.enter_context(PreemptionWatch(config.train.get("preemption_signals", "SIGTERM")))
     while step < num_steps and not progress.stopped_early:
       state, metrics_dev = task.train_step(state, next(batches), jax.random.fold_in(base_key, step))
+      in_flight.add(metrics_dev)
       step += 1
       if step == restored_step + 1:
         jax.block_until_ready(metrics_dev)
