@@ -5,6 +5,10 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One BLAS thread per process: `make test` runs 2 workers on 2 cores, and OpenBLAS's threads stall
+# each other when the other core is busy (Bibtex's 1836 x 1836 PCA in a tree fit: 2.6-13 s of CPU
+# with 2 threads against 0.7 s with one, 2026-11-28). Set before numpy loads; subprocesses inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import atexit  # noqa: E402
 import pathlib  # noqa: E402
@@ -70,10 +74,12 @@ SLOW_FIRST = ("test_bf16.py", "test_preemption.py", "test_sharded_data.py", "tes
 # the same backend level 0), not XLA_FLAGS, because JAX reads it at each compile: a module of tests
 # that run long loops through the library (many steps of a recipe) marks itself
 # `pytestmark = pytest.mark.optimized` and its programs compile at XLA's default level
-# (`_optimized_module`). Measured per file, both ways twice (one process, 2026-11-28): it pays in
-# test_configs.py (35.6 / 35.2 s -> 21.4 / 25.5 s: the paper-scale smoke's 325k-label table) and
-# test_sharded_data.py (41.8 / 37.5 -> 35.9 / 35.3 s), and cost time in the 13 other step-heavy files
-# tried (e.g. test_bf16.py 40.3 / 37.1 -> 61.3 / 60.7 s: their compiles outweigh their steps).
+# (`_optimized_module`), or a single test asks for the `optimized` fixture. Measured per file, both
+# ways twice (one process, 2026-11-28): it pays in test_configs.py (35.6 / 35.2 s -> 21.4 / 25.5 s:
+# the paper-scale smoke's 325k-label table), and cost time in the 13 other step-heavy files tried
+# (e.g. test_bf16.py 40.3 / 37.1 -> 61.3 / 60.7 s: their compiles outweigh their steps). In
+# test_sharded_data.py it pays for the recipe test only (13.7 s of CPU against 29.3 s at -O0), which
+# asks for the fixture; its other tests mostly compile.
 # Subprocesses inherit the variable, so their bits match this process's unmarked modules.
 # MLIR location metadata without Python tracebacks (JAX_TRACEBACK_IN_LOCATIONS_LIMIT=0): lowering
 # spends less time building it (two heavy files: 47.5 s against 49.7 s, two alternated pairs).
@@ -96,15 +102,15 @@ def pytest_configure(config):
     config.option.loadscopereorder = False
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _optimized_module(request):
-  """Programs compiled at XLA's default optimisation level in a module marked `optimized`."""
-  if request.node.get_closest_marker("optimized") is None or not os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS"):
+def _at_default_optimization():
+  """Programs compiled at XLA's default optimisation level for the duration (a generator, for the
+  two fixtures below); nothing to do when the suite itself runs at the defaults."""
+  if not os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS"):
     yield
     return
   import jax  # pylint: disable=g-import-not-at-top
   # The setting is not part of JAX's jit cache key: the executables compiled before (and kept by the
-  # library's program caches) are dropped on the way in and out, so no module runs a program
+  # library's program caches) are dropped on the way in and out, so no test runs a program
   # compiled at the other level (their last bits may differ).
   jax.clear_caches()
   jax.config.update("jax_disable_most_optimizations", False)
@@ -113,6 +119,22 @@ def _optimized_module(request):
   finally:
     jax.config.update("jax_disable_most_optimizations", True)
     jax.clear_caches()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _optimized_module(request):
+  """Programs compiled at XLA's default optimisation level in a module marked `optimized`."""
+  if request.node.get_closest_marker("optimized") is None:
+    yield
+    return
+  yield from _at_default_optimization()
+
+
+@pytest.fixture
+def optimized():
+  """One test's programs compiled at XLA's default optimisation level (a test that trains long
+  enough in a module that mostly compiles)."""
+  yield from _at_default_optimization()
 
 
 def pytest_collection_modifyitems(items):

@@ -18,9 +18,17 @@ from snm_jax.train.trainer import loop, retrieval
 from snm_jax.train.core.task import state_fingerprint
 
 
-def test_runlocal_trains_soprc_above_untrained_and_writes_tables(tmp_path):
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+  """The runlocal experiment (untrained and SOPRC, one seed): (config, results, its workdir). Its
+  SOPRC run is also the uninterrupted run the resume test compares with."""
   config = configs.get_config("runlocal")
-  results = exp.run_experiment(config, tmp_path)
+  workdir = tmp_path_factory.mktemp("auprc_experiment")
+  return config, exp.run_experiment(config, workdir), workdir
+
+
+def test_runlocal_trains_soprc_above_untrained_and_writes_tables(experiment):
+  config, results, tmp_path = experiment
   on_disk = json.loads((tmp_path / "results.json").read_text())
   assert on_disk["tasks"].keys() == results["tasks"].keys() == {"synthetic"}
   task = on_disk["tasks"]["synthetic"]
@@ -53,20 +61,25 @@ def _run_config(method="soprc", **train):
   return c
 
 
-def test_retrieval_run_resumed_mid_run_is_bit_identical(tmp_path, monkeypatch):
-  config = _run_config(checkpoint_every=20, log_every=5)
-  full = loop.train_and_evaluate(config, tmp_path / "full")
+def test_retrieval_run_resumed_mid_run_is_bit_identical(experiment, tmp_path, monkeypatch):
+  # The uninterrupted run: the experiment's SOPRC run, of this same config (60 steps, logged every
+  # 10, checkpointed every 20).
+  config = _run_config()
+  assert (config.train.num_steps, config.train.log_every, config.train.checkpoint_every) == (60, 10, 20)
+  full_dir = experiment[2] / "runs" / "synthetic" / "soprc" / "seed0"
+  assert json.loads((full_dir / "config.json").read_text()) == json.loads(config.to_json_best_effort())
+  full = json.loads((full_dir / "results.json").read_text())
 
   build = retrieval.build
 
-  def build_then_crash_at_step_45(cfg, mesh):  # an interruption after the checkpoint of step 40
-    task = build(cfg, mesh)
+  def build_then_crash_at_step_55(cfg, mesh):  # an interruption after the checkpoint of step 40
+    task = build(cfg, mesh)                   # and the log of step 50
     batches, calls = task.batches, [0]
 
     class Crashing:
       def __next__(self):
         calls[0] += 1
-        if calls[0] > 45:
+        if calls[0] > 55:
           raise KeyboardInterrupt("simulated kill")
         return next(batches)
       get_state, set_state = batches.get_state, batches.set_state
@@ -75,7 +88,7 @@ def test_retrieval_run_resumed_mid_run_is_bit_identical(tmp_path, monkeypatch):
     task.batches = Crashing()
     return task
 
-  monkeypatch.setattr(retrieval, "build", build_then_crash_at_step_45)
+  monkeypatch.setattr(retrieval, "build", build_then_crash_at_step_55)
   with pytest.raises(KeyboardInterrupt):
     loop.train_and_evaluate(config, tmp_path / "resumed")
   assert not (tmp_path / "resumed" / "results.json").exists()
@@ -84,7 +97,7 @@ def test_retrieval_run_resumed_mid_run_is_bit_identical(tmp_path, monkeypatch):
   assert resumed["state_fingerprint"] == full["state_fingerprint"]
   assert resumed["final"] == full["final"]
   rows = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows if "loss" in r] == list(range(5, 61, 5))  # each step once
+  assert [r["step"] for r in rows if "loss" in r] == list(range(10, 61, 10))  # each step once (50 too)
   assert [r["step"] for r in rows if "eval/map" in r] == [60]  # train.eval_every=0: at the end
   assert json.loads((tmp_path / "resumed" / "results.json").read_text())["steps"] == 60
 
@@ -123,15 +136,21 @@ def test_soprc_gradient_uses_the_aux_vector_of_the_paper_order(order):
   batch, state = next(task.batches), task.state
   a, m = config.auprc, config.auprc.samples_per_class
   tower = retrieval.EmbeddingTower(config.model.hidden, config.model.out)
-  e = tower.apply(state.params, batch["x"])
-  scores, labels = e @ e.T, batch["label"]
-  values, mask = auprc.within_group_targets(scores, labels.shape[0] // m, m)
-  aux_next = auprc.update_aux_vector(state.aux, labels[::m], values, mask, beta=a.soprc.beta,
-                                     score_range=(-1.0, 1.0), init_from_first_batch=True)
   y_train = np.asarray(task.batches.batcher.y_train)
   prior, eps = auprc.class_priors(y_train, int(y_train.max()) + 1, 0.0)
-  loss_with = {v: float(auprc.batch_loss("soprc", a, scores, labels, aux, prior, eps, m - 1))
-               for v, aux in (("v_t", state.aux), ("v_t+1", aux_next))}
+
+  @jax.jit  # one program, not op-by-op dispatch (~6 s of small compiles under load)
+  def reference(params, aux_t, x, labels):
+    e = tower.apply(params, x)
+    scores = e @ e.T
+    values, mask = auprc.within_group_targets(scores, labels.shape[0] // m, m)
+    aux_next = auprc.update_aux_vector(aux_t, labels[::m], values, mask, beta=a.soprc.beta,
+                                       score_range=(-1.0, 1.0), init_from_first_batch=True)
+    return aux_next, {v: auprc.batch_loss("soprc", a, scores, labels, aux, prior, eps, m - 1)
+                      for v, aux in (("v_t", aux_t), ("v_t+1", aux_next))}
+
+  aux_next, loss_with = reference(state.params, state.aux, batch["x"], batch["label"])
+  loss_with = {v: float(loss) for v, loss in loss_with.items()}
   assert abs(loss_with["v_t"] - loss_with["v_t+1"]) > 1e-3  # the test can tell them apart
   aux_next_v = np.asarray(aux_next.v)
   new_state, out = task.train_step(state, batch, jax.random.key(0))

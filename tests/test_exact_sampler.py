@@ -31,15 +31,16 @@ def _positives(i):
 
 
 @functools.cache
-def _draws_fn(sampler):
-  """`sampler`'s draws on `_batch()`, vmapped over keys and jitted once per sampler (the tests
-  that draw from the same sampler share the compiled program), at -O3: it runs 20,000 draws."""
-  batch = _batch()
-  return jax.jit(jax.vmap(lambda k: sampler.draw(k, batch)[0]), compiler_options=run_configs.OPTIMIZED)
-
-
 def _many_draws(sampler, reps, seed=1):
-  return np.asarray(_draws_fn(sampler)(jax.random.split(jax.random.key(seed), reps)))  # (reps, N, B)
+  """(reps, N, B) `sampler`'s draws on `_batch()`, vmapped over keys, jitted at run_configs.OPTIMIZED
+  (20,000 draws), kept: the two tests of the draws' distribution read the same draws."""
+  batch = _batch()
+  draws = jax.jit(jax.vmap(lambda k: sampler.draw(k, batch)[0]), compiler_options=run_configs.OPTIMIZED)
+  return np.asarray(draws(jax.random.split(jax.random.key(seed), reps)))
+
+
+# One program per sampler and batch shape, not op-by-op dispatch (each op compiled on first use).
+_draw = jax.jit(lambda sampler, key, batch: sampler.draw(key, batch), static_argnums=0)
 
 
 def test_skip_map_enumerates_the_non_positives_in_order():
@@ -62,7 +63,7 @@ def test_skip_map_enumerates_the_non_positives_in_order():
 def test_draws_are_distinct_non_positives_with_probability_b_over_k_minus_p():
   reps = 20000
   draws = _many_draws(ExactSampler(K, B), reps)
-  ids, log_q, log_q_pos = ExactSampler(K, B).draw(jax.random.key(0), _batch())
+  ids, log_q, log_q_pos = _draw(ExactSampler(K, B), jax.random.key(0), _batch())
   assert ids.shape == log_q.shape == (len(LABEL), B) and log_q_pos.shape == (len(LABEL),)
   for i in range(len(LABEL)):
     positives = _positives(i)
@@ -88,7 +89,7 @@ def test_draws_are_distinct_non_positives_with_probability_b_over_k_minus_p():
 def test_pairwise_inclusion_is_that_of_a_uniform_subset():
   """Beyond the marginals: P(a and b both drawn) = B (B-1) / (m (m-1)) for a uniform B-subset."""
   reps = 20000
-  d = _many_draws(ExactSampler(K, B), reps, seed=3)[:, 2]  # example 2: one positive, m = 19
+  d = _many_draws(ExactSampler(K, B), reps)[:, 2]  # example 2: one positive, m = 19
   m = K - 1
   onehot = np.zeros((reps, K), bool)
   np.put_along_axis(onehot, d, True, axis=1)
@@ -104,7 +105,7 @@ def test_fewer_non_positives_than_b_pads_with_k():
   s = ExactSampler(6, 4)
   batch = {"label_set": jnp.asarray([[0, 1, 2, -1]], jnp.int32), "label": jnp.asarray([0], jnp.int32),
            "example_id": jnp.zeros((1,), jnp.int32)}
-  ids = np.asarray(s.draw(jax.random.key(0), batch)[0][0])
+  ids = np.asarray(_draw(s, jax.random.key(0), batch)[0][0])
   assert sorted(ids[ids < 6]) == [3, 4, 5] and (ids[ids >= 6] == 6).sum() == 1
 
 
@@ -112,14 +113,29 @@ def test_draws_depend_on_the_example_id_not_the_batch_position():
   s = ExactSampler(K, B)
   batch = _batch()
   flipped = {k: v[::-1] for k, v in batch.items()}
-  a = np.asarray(s.draw(jax.random.key(5), batch)[0])
-  b = np.asarray(s.draw(jax.random.key(5), flipped)[0])
+  a = np.asarray(_draw(s, jax.random.key(5), batch)[0])
+  b = np.asarray(_draw(s, jax.random.key(5), flipped)[0])
   np.testing.assert_array_equal(a, b[::-1])
 
 
 def test_b_must_be_below_k():
   with pytest.raises(ConfigError, match="mining.num_samples"):
     ExactSampler(8, 8)
+
+
+@functools.cache
+def _lemma2_draws(y, reps, seed):
+  """(reps, B) draws for one example of label `y` (its only positive) by the exact sampler and by
+  the old with-replacement per-example one; kept: both kinds of loss read the same draws."""
+  batch = {"label_set": jnp.asarray([[y, -1]], jnp.int32), "label": jnp.asarray([y], jnp.int32),
+           "example_id": jnp.zeros((1,), jnp.int32)}
+  keys = jax.random.split(jax.random.key(seed + 1), reps)
+  # The draws jitted: one program each, not op-by-op dispatch (~15 s of compiles under load).
+  exact_ids = np.asarray(jax.jit(jax.vmap(lambda kk: ExactSampler(K, B).draw(kk, batch)[0][0]))(keys))
+  old = StratifiedSampler(K, B, num_strata=1, per_example=True)
+  old_ids = np.asarray(jax.jit(jax.vmap(
+      lambda kk: old.sample_strata(kk, jnp.arange(1), jnp.zeros(1, jnp.int32))[0][0]))(keys))
+  return exact_ids, old_ids
 
 
 def _lemma2_means(kind, k, reps=20000, seed=0):
@@ -132,14 +148,7 @@ def _lemma2_means(kind, k, reps=20000, seed=0):
   vartheta = losses.top_k_vartheta(k, B, K)
   loss = jax.jit(jax.vmap(functools.partial(losses.snm_loss, v[y], vartheta=vartheta, phi="hinge",
                                             kind=kind)))
-  batch = {"label_set": jnp.asarray([[y, -1]], jnp.int32), "label": jnp.asarray([y], jnp.int32),
-           "example_id": jnp.zeros((1,), jnp.int32)}
-  keys = jax.random.split(jax.random.key(seed + 1), reps)
-  # The draws jitted: one program each, not op-by-op dispatch (~15 s of compiles under load).
-  exact_ids = np.asarray(jax.jit(jax.vmap(lambda kk: ExactSampler(K, B).draw(kk, batch)[0][0]))(keys))
-  old = StratifiedSampler(K, B, num_strata=1, per_example=True)
-  old_ids = np.asarray(jax.jit(jax.vmap(
-      lambda kk: old.sample_strata(kk, jnp.arange(1), jnp.zeros(1, jnp.int32))[0][0]))(keys))
+  exact_ids, old_ids = _lemma2_draws(y, reps, seed)
   out = {}
   for name, ids in (("exact", exact_ids), ("with_replacement", old_ids)):
     samples = np.asarray(loss(jnp.asarray(v[ids]), neg_mask=jnp.asarray(ids == y)), np.float64)

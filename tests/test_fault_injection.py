@@ -4,15 +4,19 @@ uninterrupted run (sha256 fingerprint) or stop with a clear error.
 
   * kills: `python -m experiments.train` is killed at a uniformly random moment
     between its first checkpoint and its end (often while a checkpoint is being
-    written), then rerun on the same workdir; repeated until 5 runs were killed;
+    written), then rerun on the same workdir; the rerun resumes from the newest
+    checkpoint and is killed the same way after its first new checkpoint, and
+    the next rerun runs to the end, which must be the uninterrupted run's state:
+    2 kills in 3 process start-ups (4 with a checked rerun after each kill),
+    each resume checked through the runs after it, which continue from the
+    checkpoints it wrote;
   * corruptions of the newest checkpoint of a finished run whose results.json
     is then deleted (as if it crashed after that checkpoint): a truncated data
     file, a data file of random bytes, one flipped bit (orbax reads it back:
     only the digest sees it), the OCDBT manifest missing, and an iterator
     position outside its epoch. Each rerun must move the checkpoint aside, fall
     back to the previous one, and end bitwise equal to the uninterrupted run.
-The uninterrupted reference is one in-process run (each resumed CLI run must end on its bits).
-About 70 s on 2 busy CPU cores.
+The uninterrupted reference is one in-process run (each CLI run that ends must end on its bits).
 """
 
 import json
@@ -28,18 +32,20 @@ from pathlib import Path
 
 import pytest
 
+from snm_jax.train.trainer.checkpointing import saved_steps
 from snm_jax.train.trainer.loop import train_and_evaluate
+import interrupts
 import run_configs
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS, EVERY = 400, 20
+STEPS, EVERY = 200, 20  # 9 checkpoint writes between the first checkpoint and the end
 OVERRIDES = {"dataset.name": "synthetic", "mesh.shape": (1, 1), "train.num_steps": STEPS,
              "train.checkpoint_every": EVERY, "train.eval_every": 0, "train.log_every": EVERY,
              "train.keep_checkpoints": 3}
-KILLS = 2  # each kill + resume is two process start-ups (~18 s under load); more kills at random
-# moments: test_preemption.py (SIGKILL, SIGTERM, two processes on the sharded input path)
+KILLS = 2  # one process start-up each, plus the last rerun's (~9 s each under load); more kills
+# at random moments: test_preemption.py (SIGKILL and SIGTERM on the sharded input path)
 
 
 def _flag(value) -> str:
@@ -55,9 +61,19 @@ def _cmd(workdir):
 ENV = {**os.environ, "XLA_FLAGS": os.environ["SNM_JAX_TEST_XLA_FLAGS"], "JAX_PLATFORMS": "cpu"}
 
 
-def _has_checkpoint(workdir: Path) -> bool:
-  ckpts = workdir / "checkpoints"
-  return ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
+def _newest(workdir: Path) -> int:
+  """The step of the newest checkpoint in `workdir` (where a run there resumes), 0 if none."""
+  return max(saved_steps(workdir / "checkpoints"), default=0)
+
+
+def _checkpoint_after(workdir: Path, step: int):
+  """`interrupts.wait_until`'s test: a checkpoint of a step > `step` is in `workdir`."""
+  return lambda: _newest(workdir) > step
+
+
+def _resumed_from(err: str) -> int:
+  """The step a rerun says it resumed from (loop.py logs it at INFO; 0 if it started afresh)."""
+  return int(err.split("resumed from step ")[1].split()[0]) if "resumed from step " in err else 0
 
 
 def _start(workdir):
@@ -65,52 +81,52 @@ def _start(workdir):
                           stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_first_checkpoint(proc, workdir, timeout=120) -> float:
-  deadline = time.time() + timeout
-  while proc.poll() is None and not _has_checkpoint(workdir) and time.time() < deadline:
-    time.sleep(0.01)
-  return time.perf_counter()
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
   """The uninterrupted run, in process (every CLI run below must end on its bits, so the CLI and
-  train_and_evaluate agree): its workdir (checkpoints at 360, 380, 400), results, and how long it
-  trained after its first checkpoint (the kills' window; one process of the same config)."""
+  train_and_evaluate agree): its workdir (checkpoints at 160, 180, 200), results, and its seconds
+  per step after the first (the kills' windows; one process of the same config)."""
   workdir = tmp_path_factory.mktemp("fi") / "finished"
   out = train_and_evaluate(_config(), workdir)
-  window = (STEPS - EVERY) / out["steady_steps_per_second"]
-  return workdir, out, window
+  return workdir, out, 1.0 / out["steady_steps_per_second"]
 
 
 def test_sigkill_at_random_moments_then_resume_is_bitwise_identical(finished_run, tmp_path):
-  _, full, window = finished_run
+  """SIGKILL at a uniformly random moment between a run's first new checkpoint and its end; the
+  same command on the same workdir resumes it from the newest checkpoint and is killed the same
+  way, until KILLS runs were killed; the next run gets no signal and must end on the uninterrupted
+  run's bits (state, final metrics). A run that ends before its kill is checked the same way, and
+  the kills go on in a new workdir."""
+  _, full, seconds_per_step = finished_run
   rng = random.Random(18)
   killed, outcomes = 0, []
-  for trial in range(3 * KILLS):
+  for trial in range(2 * KILLS):
     if killed == KILLS:
       break
     workdir = tmp_path / f"trial{trial}"
-    proc = _start(workdir)
-    _wait_for_first_checkpoint(proc, workdir)
-    time.sleep(rng.uniform(0.0, 0.9 * window))
-    if proc.poll() is None:
-      proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate()
-    assert proc.returncode in (0, -signal.SIGKILL), err[-3000:]
-    was_killed = proc.returncode == -signal.SIGKILL
-    killed += was_killed
-    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-    partial = [p.name for p in (workdir / "checkpoints").iterdir() if not p.name.isdigit()]
-    resumed = subprocess.run(_cmd(workdir), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    while True:  # runs on `workdir` until one ends by itself
+      resumed_from = _newest(workdir)
+      proc = _start(workdir)
+      if killed < KILLS:
+        interrupts.wait_until([proc], _checkpoint_after(workdir, resumed_from))
+        window = max(0.0, STEPS - resumed_from - EVERY) * seconds_per_step  # first new checkpoint -> end
+        time.sleep(rng.uniform(0.0, 0.9 * window))
+        if proc.poll() is None:
+          proc.send_signal(signal.SIGKILL)
+      _, err = proc.communicate(timeout=300)
+      assert _resumed_from(err) == resumed_from, err[-3000:]
+      if proc.returncode != -signal.SIGKILL:
+        break
+      killed += 1
+      partial = [p.name for p in (workdir / "checkpoints").iterdir() if not p.name.isdigit()]
+      outcomes.append((trial, resumed_from, _newest(workdir), partial))
+    assert proc.returncode == 0, err[-3000:]
     result = json.loads((workdir / "results.json").read_text())
-    outcomes.append((was_killed, steps[-1] if steps else None, partial))
     assert result["steps"] == STEPS
     assert result["state_fingerprint"] == full["state_fingerprint"], outcomes
     assert result["final"] == {**full["final"], "eval_seconds": result["final"]["eval_seconds"]}
   assert killed == KILLS, f"only {killed} runs were killed mid-run: {outcomes}"
-  print(f"\n{killed} SIGKILLs, (killed, newest checkpoint, partial files) per trial: {outcomes}")
+  print(f"\n{killed} SIGKILLs, (trial, resumed from, newest checkpoint, partial files) per kill: {outcomes}")
 
 
 def _config():

@@ -2,7 +2,9 @@
 random moment finishes its step, checkpoints, exits with status 75, and the same command resumes
 it to the state of an uninterrupted run (sha256 fingerprint); the same for SIGKILL (resumed from
 the last periodic checkpoint), and for two `jax.distributed` processes on loopback, of which
-only one receives SIGTERM: both stop at the same step.
+only one receives SIGTERM: both stop at the same step, and the same command resumes them to the
+uninterrupted run's state. The uninterrupted runs are trained in process, each while the last CLI
+run of its test runs (the two overlap).
 """
 
 import json
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -68,11 +71,17 @@ def _stopped_at(err: str) -> int:
   return int(err.split("checkpoint of step ")[1].split()[0])
 
 
+def _resumed_from(err: str) -> int:
+  """The step a rerun says it resumed from (loop.py logs it at INFO; 0 if it started afresh)."""
+  return int(err.split("resumed from step ")[1].split()[0]) if "resumed from step " in err else 0
+
+
 @pytest.fixture(scope="module")
 def reference(shards_dir, tmp_path_factory):
-  """The uninterrupted run, in process (the CLI runs are checked against it)."""
-  out = train_and_evaluate(run_configs.runlocal(_overrides(shards_dir)), tmp_path_factory.mktemp("ref") / "run")
-  return out["state_fingerprint"]
+  """The uninterrupted run's fingerprint, in process (the CLI runs are checked against it): a
+  function that trains at its first call (the test calls it once its last CLI run is under way)."""
+  return cache(lambda: train_and_evaluate(run_configs.runlocal(_overrides(shards_dir)),
+                                          tmp_path_factory.mktemp("ref") / "run")["state_fingerprint"])
 
 
 def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identical(shards_dir, reference,
@@ -81,7 +90,8 @@ def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identi
   it stopped at, no results.json. The same command resumes it; SIGKILL at a random moment after
   that run's first new checkpoint: it dies wherever it is. The same command again ends on the
   uninterrupted run's state. (One sequence, each interruption resumed by the next run: 3 process
-  start-ups instead of the 4 of a test per signal, each resume still checked.)"""
+  start-ups instead of the 4 of a test per signal, each resume still checked: each rerun says it
+  resumed from the newest checkpoint, and the last one's state is the uninterrupted run's.)"""
   rng = random.Random(31)
   overrides = _overrides(shards_dir)
   start = lambda workdir: subprocess.Popen(_cmd(workdir, overrides), cwd=REPO, env=ENV,  # noqa: E731
@@ -99,36 +109,40 @@ def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identi
 
     proc = start(workdir)  # resumes from `step`
     err = interrupts.signal_when(proc, _checkpoint_after(workdir, step), signal.SIGKILL, rng.uniform(0.0, 1.0))
+    assert _resumed_from(err) == step, err[-3000:]
     if proc.returncode == 0:  # the resumed run finished first: its end is checked, then again
-      assert json.loads((workdir / "results.json").read_text())["state_fingerprint"] == reference
+      assert json.loads((workdir / "results.json").read_text())["state_fingerprint"] == reference()
       continue
     assert proc.returncode == -signal.SIGKILL, err[-3000:]
 
-    resumed = subprocess.run(_cmd(workdir, overrides), cwd=REPO, env=ENV, capture_output=True, text=True,
-                             timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    newest = max(_checkpoints(workdir))  # > step: the killed run's (its kill waited for it)
+    proc = start(workdir)
+    try:
+      fingerprint = reference()  # trained while the rerun runs
+    finally:
+      err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 0, err[-3000:]
+    assert _resumed_from(err) == newest, err[-3000:]
     result = json.loads((workdir / "results.json").read_text())
-    assert result["steps"] == STEPS and result["state_fingerprint"] == reference
+    assert result["steps"] == STEPS and result["state_fingerprint"] == fingerprint
     return
   pytest.fail("every run finished before its signal")
 
 
-@pytest.fixture(scope="module")
-def reference_2x1(shards_dir, tmp_path_factory):
-  """The uninterrupted 1-process run on the 2-process runs' mesh (2, 1)."""
+def _reference_2x1(shards_dir, workdir) -> str:
+  """The uninterrupted 1-process run on the 2-process runs' mesh (2, 1): its fingerprint."""
   config = run_configs.runlocal(_overrides(shards_dir, mesh=(2, 1), steps=STEPS_2P))
-  return train_and_evaluate(config, tmp_path_factory.mktemp("ref2") / "run")["state_fingerprint"]
+  return train_and_evaluate(config, workdir)["state_fingerprint"]
 
 
 @pytest.mark.multiprocess
-def test_two_processes_resume_bitwise_after_a_sigterm_to_one_then_a_sigkill_to_all(shards_dir, reference_2x1,
-                                                                                   tmp_path):
+def test_two_processes_resume_bitwise_after_a_sigterm_to_one(shards_dir, tmp_path):
   """2 processes x 1 CPU device, mesh (2, 1) (each process reads its half of every batch from the
-  shards). SIGTERM to process 1 only: both exit 75 after the same checkpoint. Rerun (it resumes
-  there), then SIGKILL to both (a lost job) at a random moment after the rerun's first new
-  checkpoint: they die wherever they are. Rerun, they end on the state of the uninterrupted
-  1-process run on the same mesh. (One sequence: 3 launches of the pair instead of the 4 of a
-  test per interruption; each resume still runs and is checked by the next stage.)"""
+  shards). SIGTERM to process 1 only, at a random moment after their first checkpoint: both exit
+  75 after the same checkpoint. Rerun: both resume there and end on the state of the
+  uninterrupted 1-process run on the same mesh (trained here while the pair runs). Two launches
+  of the pair: a SIGKILL to both (a lost job) is not tried here; SIGKILL at random moments and
+  its resume are the test above's (sharded input) and test_fault_injection.py's, on one process."""
   overrides = _overrides(shards_dir, mesh=(2, 1), steps=STEPS_2P)
   workdir = tmp_path / "mp"
   rng = random.Random(7)
@@ -156,17 +170,11 @@ def test_two_processes_resume_bitwise_after_a_sigterm_to_one_then_a_sigkill_to_a
   assert not (workdir / "results.json").exists()
 
   procs = launch()  # resumes from `step`
-  interrupts.wait_until(procs, _checkpoint_after(workdir, step))
-  time.sleep(rng.uniform(0.0, 0.4))
-  assert all(p.poll() is None for p in procs), "the resumed run ended before the SIGKILL"
-  for p in procs:
-    p.send_signal(signal.SIGKILL)
-  errs = [p.communicate(timeout=300)[1] for p in procs]
-  assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
-
-  procs = launch()
-  errs = [p.communicate(timeout=300)[1] for p in procs]
+  try:
+    reference = _reference_2x1(shards_dir, tmp_path / "ref")  # trained while the pair runs
+  finally:
+    errs = [p.communicate(timeout=300)[1] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errs]
+  assert [_resumed_from(e) for e in errs] == [step, step], [e[-2000:] for e in errs]
   result = json.loads((workdir / "results.json").read_text())
-  assert result["steps"] == STEPS_2P and result["state_fingerprint"] == reference_2x1
-
+  assert result["steps"] == STEPS_2P and result["state_fingerprint"] == reference

@@ -12,8 +12,6 @@ from snm_jax.errors import ConfigError, DataFormatError
 from snm_jax.train.trainer.loop import train_and_evaluate
 from tests.run_configs import runlocal
 
-pytestmark = pytest.mark.optimized
-
 
 def test_records_round_trip_sparse_and_dense():
   rng = np.random.default_rng(0)
@@ -127,8 +125,10 @@ def test_synthetic_chunks_convert_with_streamed_statistics(tmp_path):
 
 
 def _run(tmp_path, name, **overrides):
-  config = runlocal({"train.fingerprint": True, "train.num_steps": 24, "train.eval_every": 12,
-                     "train.checkpoint_every": 12, **overrides})
+  # Evaluations at steps 8 and 16 (24 steps, evaluated at 12 and 24, before 2026-11-28): on Bibtex's
+  # carve validation P@1 selects the step-8 state, so the selected state scored on test is not the last.
+  config = runlocal({"train.fingerprint": True, "train.num_steps": 16, "train.eval_every": 8,
+                     "train.checkpoint_every": 8, **overrides})
   return train_and_evaluate(config, tmp_path / name)
 
 
@@ -143,7 +143,7 @@ def test_training_through_the_shards_gives_the_in_memory_state(bibtex_shards, tm
   training points, read by index from the shards or cut from memory)."""
   out, _ = bibtex_shards
   carve = {"dataset.validation_fraction": 0.1, "dataset.validation_seed": 2, "eval.select_metric": "P@1",
-           "diagnostics.every": 12, "diagnostics.probe_size": 32, "diagnostics.snr_draws": 2}
+           "diagnostics.every": 8, "diagnostics.probe_size": 32, "diagnostics.snr_draws": 2}
   memory = _run(tmp_path, "memory", **carve)
   sharded = _run(tmp_path, "sharded", **carve, **{"dataset.format": "sharded", "dataset.shards": str(out)})
   assert sharded["state_fingerprint"] == memory["state_fingerprint"]
@@ -177,7 +177,7 @@ def test_sharded_config_errors(bibtex_shards, tmp_path):
     shards.read_metadata(tmp_path)
 
 
-def test_the_recipe_reads_the_shards_as_it_reads_memory(bibtex_shards, tmp_path):
+def test_the_recipe_reads_the_shards_as_it_reads_memory(bibtex_shards, tmp_path, optimized):
   """xmc.py's seconds-long variant through the shards: the statistics from the metadata's histograms,
   the same candidates, choice and test metrics as in memory (the same batches); one validation split."""
   from experiments.configs import xmc  # pylint: disable=g-import-not-at-top
@@ -222,8 +222,15 @@ def test_the_recipe_reads_the_shards_as_it_reads_memory(bibtex_shards, tmp_path)
 def test_the_tree_sampler_fits_on_a_sample_read_from_the_shards(bibtex_shards, tmp_path):
   """adversarial.fit_max_points = n: the tree is fitted on n seeded training points, read by index
   from the shards or cut from memory: the same tree, hence the same trained state. Without a bound
-  the sharded run is refused (its training split is never loaded whole)."""
+  the sharded run is refused (its training split is never loaded whole).
+
+  The runs share a tree cache (snm_jax/adversarial/cache.py), keyed on the SHA-256 of everything the
+  fit reads (the sampled rows' features and labels, bit for bit, with their shapes and dtypes): the
+  sharded run finds the memory run's fit only if it read the very points memory cut, and is then
+  spared a second fit, a PCA of Bibtex's 1836 features and the greedy tree (the same pure function
+  of the same inputs; a hit's tree is the fitted one: test_tree_cache.py)."""
   from experiments.configs import adversarial  # pylint: disable=import-outside-toplevel
+  from snm_jax.adversarial import cache  # pylint: disable=import-outside-toplevel
   from snm_jax.train.config.overrides import apply_overrides  # pylint: disable=import-outside-toplevel
   from snm_jax.train.trainer.classification import tree_fit_sample  # pylint: disable=import-outside-toplevel
   out, meta = bibtex_shards
@@ -239,8 +246,13 @@ def test_the_tree_sampler_fits_on_a_sample_read_from_the_shards(bibtex_shards, t
         "adversarial.fit_max_points": 1500, **overrides})
     return train_and_evaluate(c, tmp_path / name)
 
-  memory = run("memory")
-  sharded = run("sharded", **{"dataset.format": "sharded", "dataset.shards": str(out)})
+  previous = cache.use_tree_cache(tmp_path / "tree_cache")
+  try:  # (one BLAS thread for the fit's PCA, as for every test: tests/conftest.py)
+    memory = run("memory")
+    sharded = run("sharded", **{"dataset.format": "sharded", "dataset.shards": str(out)})
+  finally:
+    cache.use_tree_cache(previous)
+  assert memory["tree_from_cache"] is False and sharded["tree_from_cache"] is True  # the same sample
   assert sharded["state_fingerprint"] == memory["state_fingerprint"]
   assert sharded["tree_rounds_per_level"] == memory["tree_rounds_per_level"]
   with pytest.raises(ConfigError, match=r"adversarial\.fit_max_points"):
