@@ -66,16 +66,6 @@ def _newest(workdir: Path) -> int:
   return max(saved_steps(workdir / "checkpoints"), default=0)
 
 
-def _checkpoint_after(workdir: Path, step: int):
-  """`interrupts.wait_until`'s test: a checkpoint of a step > `step` is in `workdir`."""
-  return lambda: _newest(workdir) > step
-
-
-def _resumed_from(err: str) -> int:
-  """The step a rerun says it resumed from (loop.py logs it at INFO; 0 if it started afresh)."""
-  return int(err.split("resumed from step ")[1].split()[0]) if "resumed from step " in err else 0
-
-
 def _start(workdir):
   return subprocess.Popen(_cmd(workdir), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
@@ -108,13 +98,13 @@ def test_sigkill_at_random_moments_then_resume_is_bitwise_identical(finished_run
       resumed_from = _newest(workdir)
       proc = _start(workdir)
       if killed < KILLS:
-        interrupts.wait_until([proc], _checkpoint_after(workdir, resumed_from))
+        interrupts.wait_until([proc], interrupts.checkpoint_after(workdir, resumed_from))
         window = max(0.0, STEPS - resumed_from - EVERY) * seconds_per_step  # first new checkpoint -> end
         time.sleep(rng.uniform(0.0, 0.9 * window))
         if proc.poll() is None:
           proc.send_signal(signal.SIGKILL)
       _, err = proc.communicate(timeout=300)
-      assert _resumed_from(err) == resumed_from, err[-3000:]
+      assert interrupts.resumed_from(err) == resumed_from, err[-3000:]
       if proc.returncode != -signal.SIGKILL:
         break
       killed += 1

@@ -61,19 +61,9 @@ def _checkpoints(workdir: Path) -> list[int]:
   return saved_steps(workdir / "checkpoints")
 
 
-def _checkpoint_after(workdir, step):
-  """`interrupts.wait_until`'s test: a checkpoint of a step > `step` is in `workdir`."""
-  return lambda: any(s > step for s in _checkpoints(workdir))
-
-
 def _stopped_at(err: str) -> int:
   """The step a SIGTERM'd run says it checkpointed before exiting 75."""
   return int(err.split("checkpoint of step ")[1].split()[0])
-
-
-def _resumed_from(err: str) -> int:
-  """The step a rerun says it resumed from (loop.py logs it at INFO; 0 if it started afresh)."""
-  return int(err.split("resumed from step ")[1].split()[0]) if "resumed from step " in err else 0
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +89,8 @@ def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identi
   for trial in range(4):  # a run may finish before its signal arrives: start again
     workdir = tmp_path / f"trial{trial}"
     proc = start(workdir)
-    err = interrupts.signal_when(proc, _checkpoint_after(workdir, 0), signal.SIGTERM, rng.uniform(0.0, 1.0))
+    err = interrupts.signal_when(proc, interrupts.checkpoint_after(workdir, 0), signal.SIGTERM,
+                                 rng.uniform(0.0, 1.0))
     if proc.returncode == 0:
       continue
     assert proc.returncode == PREEMPTED_EXIT_STATUS, err[-3000:]
@@ -108,8 +99,9 @@ def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identi
     assert not (workdir / "results.json").exists()
 
     proc = start(workdir)  # resumes from `step`
-    err = interrupts.signal_when(proc, _checkpoint_after(workdir, step), signal.SIGKILL, rng.uniform(0.0, 1.0))
-    assert _resumed_from(err) == step, err[-3000:]
+    err = interrupts.signal_when(proc, interrupts.checkpoint_after(workdir, step), signal.SIGKILL,
+                                 rng.uniform(0.0, 1.0))
+    assert interrupts.resumed_from(err) == step, err[-3000:]
     if proc.returncode == 0:  # the resumed run finished first: its end is checked, then again
       assert json.loads((workdir / "results.json").read_text())["state_fingerprint"] == reference()
       continue
@@ -122,7 +114,7 @@ def test_a_sigterm_then_a_sigkill_at_random_moments_then_rerun_is_bitwise_identi
     finally:
       err = proc.communicate(timeout=300)[1]
     assert proc.returncode == 0, err[-3000:]
-    assert _resumed_from(err) == newest, err[-3000:]
+    assert interrupts.resumed_from(err) == newest, err[-3000:]
     result = json.loads((workdir / "results.json").read_text())
     assert result["steps"] == STEPS and result["state_fingerprint"] == fingerprint
     return
@@ -157,7 +149,7 @@ def test_two_processes_resume_bitwise_after_a_sigterm_to_one(shards_dir, tmp_pat
                              stderr=subprocess.PIPE, text=True) for i in range(2)]
 
   procs = launch()
-  interrupts.wait_until(procs, _checkpoint_after(workdir, 0))
+  interrupts.wait_until(procs, interrupts.checkpoint_after(workdir, 0))
   time.sleep(rng.uniform(0.2, 0.6))
   assert all(p.poll() is None for p in procs), "the run ended before the SIGTERM"
   procs[1].send_signal(signal.SIGTERM)
@@ -175,6 +167,6 @@ def test_two_processes_resume_bitwise_after_a_sigterm_to_one(shards_dir, tmp_pat
   finally:
     errs = [p.communicate(timeout=300)[1] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errs]
-  assert [_resumed_from(e) for e in errs] == [step, step], [e[-2000:] for e in errs]
+  assert [interrupts.resumed_from(e) for e in errs] == [step, step], [e[-2000:] for e in errs]
   result = json.loads((workdir / "results.json").read_text())
   assert result["steps"] == STEPS_2P and result["state_fingerprint"] == reference

@@ -8,7 +8,8 @@ per-device parts wait in a fixed thread pool for rendezvous that the queued part
 can no longer join, and XLA aborts the process after 40 s ("Termination timeout for `all reduce
 RendezvousKey...` exceeded"; seen with 8 forced CPU devices from about 40 queued steps of a
 program with a psum, and in the suite's serial candidate groups, which queue every member's
-step between two evaluations). We found no JAX or XLA option that bounds the queue on CPU, hence this class.
+step between two evaluations). We found no JAX or XLA option that bounds the queue on CPU,
+hence this class.
 
 `InFlight(limit)`: after dispatching a program, `add` one of its (never donated) outputs; once
 more than `limit` are outstanding, `add` waits for the oldest. A few steps ahead keep the device
@@ -37,7 +38,3 @@ class InFlight:
     self._outputs.append(output)
     while len(self._outputs) > self.limit:
       jax.block_until_ready(self._outputs.popleft())
-
-  def clear(self) -> None:
-    """Forgets the outstanding outputs (after the caller has waited for everything)."""
-    self._outputs.clear()
