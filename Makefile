@@ -12,11 +12,13 @@ venv: $(STAMP)
 # The packages are byte-compiled by compileall on every core, not by pip one file at a time (37 s
 # against 49 s in all); compiled they must be: with PYTHONDONTWRITEBYTECODE set (as on these machines) a process
 # never writes what it compiles on import, and every test subprocess would compile jax again.
+# Not the packages' own test folders, pip or setuptools, which nothing here imports (compileall
+# 13.3 / 14.7 s against 20.5 / 18.9 s for everything, alternated, 2026-11-28).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile -e '.[test]'
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null
+	$(PY) -m compileall -q -j 0 -x '/(tests|pip|setuptools)/' $(VENV)/lib > /dev/null
 	touch $(STAMP)
 
 ## Main job: train SNM top-1/top-16 and negative sampling on Bibtex, print a Table-2-style comparison.

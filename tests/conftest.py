@@ -81,9 +81,13 @@ SLOW_FIRST = ("test_bf16.py", "test_preemption.py", "test_sharded_data.py", "tes
 # test_sharded_data.py it pays for the recipe test only (13.7 s of CPU against 29.3 s at -O0), which
 # asks for the fixture; its other tests mostly compile.
 # Subprocesses inherit the variable, so their bits match this process's unmarked modules.
+# One LLVM module per program (--xla_cpu_parallel_codegen_split_count=1, not 32 parts compiled on
+# threads): with two test workers on two cores the parts only contend. XLA's compile seconds over
+# the same test files, alternated (2026-11-28): 13.8 / 14.9 -> 12.6 / 11.9 s (test_train_step.py)
+# and 23.9 / 18.7 -> 17.2 / 17.0 s (test_leaf_order_eval.py with test_num_samples_schedule.py).
 # MLIR location metadata without Python tracebacks (JAX_TRACEBACK_IN_LOCATIONS_LIMIT=0): lowering
 # spends less time building it (two heavy files: 47.5 s against 49.7 s, two alternated pairs).
-FAST_COMPILE_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+FAST_COMPILE_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 
 
 def pytest_configure(config):
