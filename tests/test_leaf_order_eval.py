@@ -113,11 +113,16 @@ def _predict(problem, mesh, bias_fn, row_block, row_labels=None):
 
 
 _LABEL_ORDER = {}
+# The meshes the label-order evaluation itself runs on: one device, and both axes sharded. The
+# leaf-order cases on other meshes are compared with the one-device result (each label-order
+# evaluation costs ~7 s of compile; its value does not depend on the mesh, up to float32 sums).
+LABEL_ORDER_MESHES = ((1, 1), (2, 4))
 
 
 def _label_order_predict(tree, problem, mesh_shape):
-  """The label-order evaluation on `mesh_shape` (row block 12), computed once per mesh: it does not
-  depend on the leaf-order case (the two (1, 3) cases share it; ~7 s of compile each)."""
+  """The label-order evaluation (row block 12) on `mesh_shape` if one of LABEL_ORDER_MESHES, else on
+  one device; computed once per mesh (it does not depend on the leaf-order case)."""
+  mesh_shape = mesh_shape if mesh_shape in LABEL_ORDER_MESHES else (1, 1)
   if mesh_shape not in _LABEL_ORDER:
     _LABEL_ORDER[mesh_shape] = _predict(problem, sharding.make_mesh(mesh_shape), _label_order_bias(tree), 12)
   return _LABEL_ORDER[mesh_shape]
