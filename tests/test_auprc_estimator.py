@@ -56,11 +56,11 @@ def _batch(seed, b=40, n_pos=7):
 def test_soprc_loss_matches_numpy_reference(max_positives):
   scores, pos, valid, rng = _batch(0)
   v = np.sort(rng.normal(0.5, 1.0, 25)).astype(np.float32)
-  for eps in (None, 0.01):
-    got = auprc.soprc_loss(jnp.asarray(scores), jnp.asarray(pos), jnp.asarray(v),
-                           0.03, tau1=0.2, tau2=0.05, eps=eps,
-                           valid_mask_B=jnp.asarray(valid),
-                           max_positives=max_positives)
+  epss = (None, 0.01)
+  gots = jax.jit(lambda s, p, v, m: [auprc.soprc_loss(s, p, v, 0.03, tau1=0.2, tau2=0.05, eps=eps,
+                                                      valid_mask_B=m, max_positives=max_positives)
+                                     for eps in epss])(scores, pos, v, valid)
+  for eps, got in zip(epss, gots, strict=True):
     want = _np_soprc(scores, pos, valid, v, 0.03, 0.2, 0.05,
                      1 / len(v) if eps is None else eps)
     np.testing.assert_allclose(float(got), want, rtol=2e-5)
@@ -69,8 +69,8 @@ def test_soprc_loss_matches_numpy_reference(max_positives):
 @pytest.mark.parametrize("max_positives", [None, 8])
 def test_ap_loss_matches_numpy_reference(max_positives):
   scores, pos, valid, _ = _batch(1)
-  got = auprc.ap_loss(jnp.asarray(scores), jnp.asarray(pos), tau1=0.2, tau2=0.05,
-                      valid_mask_B=jnp.asarray(valid), max_positives=max_positives)
+  got = jax.jit(lambda s, p, m: auprc.ap_loss(s, p, tau1=0.2, tau2=0.05, valid_mask_B=m,
+                                               max_positives=max_positives))(scores, pos, valid)
   np.testing.assert_allclose(float(got), _np_ap_loss(scores, pos, valid, 0.2, 0.05, 1.0),
                              rtol=2e-5)
 
@@ -85,13 +85,13 @@ def test_with_indicator_surrogates_both_estimators_equal_one_minus_ap():
   ind_le = lambda x: (x <= 0).astype(jnp.float32)
   ind_lt = lambda x: (x < 0).astype(jnp.float32)
   one_minus_ap = 1 - average_precision_score(pos, scores)
-  soprc = auprc.soprc_loss(jnp.asarray(scores), jnp.asarray(pos),
-                           jnp.asarray(scores[pos]), pos.mean(), l1=ind_le, l2=ind_lt)
-  ap = auprc.ap_loss(jnp.asarray(scores), jnp.asarray(pos), l1=ind_le, l2=ind_lt)
+  soprc, ap, sap = jax.jit(lambda s, p, v: (  # one program
+      auprc.soprc_loss(s, p, v, pos.mean(), l1=ind_le, l2=ind_lt),
+      auprc.ap_loss(s, p, l1=ind_le, l2=ind_lt),
+      auprc.smooth_ap_loss(s, p, temperature=1e-5)))(scores, pos, scores[pos])
   np.testing.assert_allclose(float(soprc), one_minus_ap, rtol=1e-5)
   np.testing.assert_allclose(float(ap), one_minus_ap, rtol=1e-5)
   # Smooth-AP tends to the same value as its temperature goes to 0.
-  sap = auprc.smooth_ap_loss(jnp.asarray(scores), jnp.asarray(pos), temperature=1e-5)
   np.testing.assert_allclose(float(sap), one_minus_ap, atol=2e-3)
 
 
@@ -105,17 +105,18 @@ def test_smooth_ap_matches_numpy_reference():
     r_pos = 1 + sum(sig((scores[j] - scores[i]) / 0.1) for j in p_idx if j != i)
     r_all = 1 + sum(sig((scores[j] - scores[i]) / 0.1) for j in a_idx if j != i)
     aps.append(r_pos / r_all)
-  for mp in (None, 8):
-    got = auprc.smooth_ap_loss(jnp.asarray(scores), jnp.asarray(pos), temperature=0.1,
-                               valid_mask_B=jnp.asarray(valid), max_positives=mp)
+  gots = jax.jit(lambda s, p, m: [auprc.smooth_ap_loss(s, p, temperature=0.1, valid_mask_B=m,
+                                                       max_positives=mp) for mp in (None, 8)])(
+      scores, pos, valid)
+  for got in gots:
     np.testing.assert_allclose(float(got), 1 - np.mean(aps), rtol=1e-5)
 
 
 def test_top_positive_guard_no_nan_in_value_or_gradient():
   # All scores tied: the denominator is 0 for every positive.
-  pos = jnp.arange(16) < 4
-  none = jnp.zeros(16, bool)
-  v = jnp.zeros(8)
+  pos = np.arange(16) < 4
+  none = np.zeros(16, bool)
+  v = np.zeros(8, np.float32)
 
   @jax.jit
   def values_and_grads(s):
@@ -125,12 +126,13 @@ def test_top_positive_guard_no_nan_in_value_or_gradient():
     return {(k, has): jax.value_and_grad(f)(s, p)
             for k, f in fns.items() for has, p in ((True, pos), (False, none))}
 
-  for (name, has_pos), (val, grad) in values_and_grads(jnp.zeros(16)).items():
+  zeros = np.zeros(16, np.float32)
+  for (name, has_pos), (val, grad) in values_and_grads(zeros).items():
     assert np.isfinite(float(val)) and np.all(np.isfinite(np.asarray(grad))), name
     if not has_pos:  # no positive at all: 0, not NaN
       assert float(val) == 0.0 and np.all(np.asarray(grad) == 0.0), name
   # l1(0) = 1 for all negatives, l2(0) = 0: f = c / (c + eps) with c = 9, eps = 1/8.
-  np.testing.assert_allclose(float(values_and_grads(jnp.zeros(16))[("soprc", True)][0]),
+  np.testing.assert_allclose(float(values_and_grads(zeros)[("soprc", True)][0]),
                              9 / 9.125, rtol=1e-6)
 
 
@@ -174,21 +176,26 @@ def test_soprc_gradient_matches_finite_differences_float64():
     f = jax.jit(jax.vmap(lambda s: auprc.soprc_loss(
         s, jnp.asarray(pos), jnp.asarray(v), 0.2, tau1=0.5, tau2=0.3,
         valid_mask_B=jnp.asarray(valid))))
-    s = jnp.asarray(scores, jnp.float64)
-    g = np.asarray(jax.jit(jax.vmap(jax.grad(lambda t: f(t[None])[0])))(s[None]))[0]
     h = 1e-6
     eye = np.eye(len(scores))
-    fd = np.asarray(f(s[None] + h * eye) - f(s[None] - h * eye)) / (2 * h)
+
+    @jax.jit
+    def grad_and_differences(s):  # one program
+      g = jax.vmap(jax.grad(lambda t: f(t[None])[0]))(s[None])[0]
+      return g, f(s[None] + h * eye) - f(s[None] - h * eye)
+
+    g, diff = map(np.asarray, grad_and_differences(scores.astype(np.float64)))
+    fd = diff / (2 * h)
   np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-9)
   assert np.all(g[~valid] == 0)
 
 
 def test_vmap_over_queries_equals_loop_and_jit():
   rng = np.random.default_rng(6)
-  scores = jnp.asarray(rng.normal(size=(5, 24)), jnp.float32)
-  pos = jnp.asarray(rng.random((5, 24)) < 0.25)
-  v = jnp.asarray(np.sort(rng.normal(size=(5, 12)), axis=1), jnp.float32)
-  priors = jnp.asarray([0.01, 0.02, 0.05, 0.1, 0.2])
+  scores = rng.normal(size=(5, 24)).astype(np.float32)
+  pos = rng.random((5, 24)) < 0.25
+  v = np.sort(rng.normal(size=(5, 12)), axis=1).astype(np.float32)
+  priors = np.asarray([0.01, 0.02, 0.05, 0.1, 0.2], np.float32)
   fn = jax.jit(jax.vmap(lambda s, m, a, p: auprc.soprc_loss(s, m, a, p, max_positives=24)))
   batched = fn(scores, pos, v, priors)
   one = jax.jit(auprc.soprc_loss)
@@ -202,15 +209,15 @@ def test_semi_variance_matches_numpy_reference():
   n = scores[~pos & valid]
   want = (2.0 / len(p) * np.sum(np.where(p < p.mean(), (p - p.mean()) ** 2, 0))
           + 0.5 / len(n) * np.sum(np.where(n > n.mean(), (n - n.mean()) ** 2, 0)))
-  got = auprc.semi_variance(jnp.asarray(scores), jnp.asarray(pos), 2.0, 0.5,
-                            valid_mask_B=jnp.asarray(valid))
+  got, constant, g = jax.jit(lambda s, p, m, c: (  # one program
+      auprc.semi_variance(s, p, 2.0, 0.5, valid_mask_B=m), auprc.semi_variance(c, p, 1.0, 1.0),
+      jax.grad(auprc.semi_variance)(s, p, 1.0, 1.0, m)))(
+          scores, pos, valid, np.where(pos, 1.0, -1.0).astype(np.float32))
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
   # Zero when positives and negatives are each constant; gradient pushes low
   # positives up and high negatives down.
-  np.testing.assert_allclose(float(auprc.semi_variance(
-      jnp.asarray(np.where(pos, 1.0, -1.0)), jnp.asarray(pos), 1.0, 1.0)), 0.0)
-  g = np.asarray(jax.grad(auprc.semi_variance)(
-      jnp.asarray(scores), jnp.asarray(pos), 1.0, 1.0, jnp.asarray(valid)))
+  np.testing.assert_allclose(float(constant), 0.0)
+  g = np.asarray(g)
   lowest_pos = np.flatnonzero(pos & valid)[np.argmin(p)]
   highest_neg = np.flatnonzero(~pos & valid)[np.argmax(n)]
   assert g[lowest_pos] < 0 and g[highest_neg] > 0

@@ -187,11 +187,12 @@ def test_retrieval_metrics_match_library_sklearn_and_brute_force():
 def test_aux_targets_are_the_within_group_off_diagonal_scores():
   g, m = 3, 4
   scores = np.arange((g * m) ** 2, dtype=np.float32).reshape(g * m, g * m)
-  values, mask = auprc.within_group_targets(jnp.asarray(scores), g, m)
+  targets = jax.jit(auprc.within_group_targets, static_argnums=(1, 2))  # one program, not op by op
+  values, mask = map(np.asarray, targets(scores, g, m))
   for k in range(g):
     block = scores[k * m:(k + 1) * m, k * m:(k + 1) * m]
-    np.testing.assert_array_equal(np.asarray(values[k]).reshape(m, m), block)
-  np.testing.assert_array_equal(np.asarray(mask[0]).reshape(m, m), ~np.eye(m, dtype=bool))
+    np.testing.assert_array_equal(values[k].reshape(m, m), block)
+  np.testing.assert_array_equal(mask[0].reshape(m, m), ~np.eye(m, dtype=bool))
 
 
 def test_soprc_batch_loss_finite_and_only_var_variant_adds_regulariser():
@@ -199,14 +200,17 @@ def test_soprc_batch_loss_finite_and_only_var_variant_adds_regulariser():
   rng = np.random.default_rng(1)
   emb = rng.normal(size=(16, 8))
   emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-  scores = jnp.asarray(emb @ emb.T, jnp.float32)
-  labels = jnp.repeat(jnp.arange(4), 4)
-  aux = auprc.init_aux_vector(4, 8, (-1.0, 1.0))
+  scores = (emb @ emb.T).astype(np.float32)
+  labels = np.repeat(np.arange(4, dtype=np.int32), 4)
   prior, eps = auprc.class_priors(np.repeat(np.arange(4), [10, 20, 30, 40]), 4, 0.0)
   np.testing.assert_allclose(prior, np.array([9, 19, 29, 39]) / 99, rtol=1e-6)
   methods = auprc.METHODS
-  all_losses = jax.jit(lambda s: {m: auprc.batch_loss(m, config.auprc, s, labels, aux, prior, eps, 3)
-                                  for m in methods})
+
+  @jax.jit  # one program (the aux vector's initialisation included), not op by op
+  def all_losses(s):
+    aux = auprc.init_aux_vector(4, 8, (-1.0, 1.0))
+    return {m: auprc.batch_loss(m, config.auprc, s, labels, aux, prior, eps, 3) for m in methods}
+
   loss = {m: float(v) for m, v in all_losses(scores).items()}
   assert all(np.isfinite(v) for v in loss.values())
   assert loss["soprc"] == loss["soprc_sg"]  # same value, different gradient

@@ -69,10 +69,15 @@ def _reference(name, params, steps, wd):
 
 
 def _run(tx, params, steps):
+  """steps optimiser steps, each one jitted program (as in the train step), not op by op."""
+  @jax.jit
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
   state = tx.init(params)
   for t in range(steps):
-    updates, state = tx.update(_grads(t), state, params)
-    params = optax.apply_updates(params, updates)
+    params, state = step(params, state, _grads(t))
   return params, state
 
 
@@ -118,7 +123,7 @@ def test_table_schedule_default_is_the_constant_learning_rate():
 def test_table_schedule_warmup_and_cosine():
   c = _config(**{"table.learning_rate": 2.0, "table.warmup_steps": 4, "table.decay": "cosine",
                  "train.num_steps": 20})
-  sched = builders.make_table_schedule(c)
+  sched = jax.jit(builders.make_table_schedule(c))  # one program for the five steps, as optax calls it
   got = [float(sched(s)) for s in (0, 2, 4, 12, 20)]
   np.testing.assert_allclose(got, [0.0, 1.0, 2.0, 1.0, 0.0], atol=1e-6)
   # The tower's schedule is unaffected by the table's fields.
@@ -139,9 +144,9 @@ def test_make_tower_kinds_and_widths(kind, cls, dim):
                  "model.feature_dropout": 0.1})
   tower, width = builders.make_tower(c, 10)
   assert isinstance(tower, cls) and width == dim and tower.feature_dropout == 0.1
-  ids, vals = jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3))
-  params = tower.init(jax.random.key(0), ids, vals)
-  assert tower.apply(params, ids, vals).shape == (2, dim)
+  ids, vals = np.zeros((2, 3), np.int32), np.ones((2, 3), np.float32)
+  init_apply = jax.jit(lambda i, v: tower.apply(tower.init(jax.random.key(0), i, v), i, v))  # one program
+  assert init_apply(ids, vals).shape == (2, dim)
   assert builders.table_init_scale(c) == (1.0 if kind == "snm_tower" else 0.0)
   assert builders.tower_has_dropout(c) and not builders.tower_has_dropout(_config(**{"model.kind": kind}))
 

@@ -2,6 +2,7 @@
 against NumPy references of the paper formulas, unsharded and on a 1-D mesh of
 forced CPU devices via shard_map (negatives sharded over the axis)."""
 
+import functools
 import types
 
 import jax
@@ -71,6 +72,14 @@ def _fns(axis_name):
   }
 
 
+@functools.cache
+def _unsharded(kind):
+  """kind's unsharded loss, jitted, and its NumPy reference: one program for the three tests below
+  (their inputs have the same shapes)."""
+  fn, np_fn = _fns(None)[kind]
+  return jax.jit(fn), np_fn
+
+
 KINDS = ("bowl", "powl", "sampled_softmax", "mined_softmax", "full_softmax", "logistic_ns", "adversarial_ns",
          "nce")
 
@@ -85,8 +94,8 @@ def test_registry_covers_the_trainer_kinds():
 @pytest.mark.parametrize("kind", KINDS)
 def test_unsharded_matches_numpy_reference(kind):
   args = _inputs()
-  fn, np_fn = _fns(None)[kind]
-  got = jax.jit(fn)(*map(jnp.asarray, args))
+  fn, np_fn = _unsharded(kind)
+  got = fn(*map(jnp.asarray, args))
   np.testing.assert_allclose(np.asarray(got), np_fn(*args), rtol=2e-5, atol=2e-6)
 
 
@@ -94,13 +103,13 @@ def test_unsharded_matches_numpy_reference(kind):
 def test_sharded_equals_unsharded(kind):
   args = _inputs(1)
   fn_sh, _ = _fns("x")[kind]
-  fn, np_fn = _fns(None)[kind]
+  fn, np_fn = _unsharded(kind)
   mesh = jax.make_mesh((M,), ("x",), devices=jax.devices()[:M])
   neg_spec = P(None, "x")
   specs = (P(), neg_spec, neg_spec, neg_spec, P())
   sharded = jax.jit(jax.shard_map(fn_sh, mesh=mesh, in_specs=specs, out_specs=P()))
   got = sharded(*(jax.device_put(jnp.asarray(a), jax.NamedSharding(mesh, sp)) for a, sp in zip(args, specs)))
-  want = jax.jit(fn)(*map(jnp.asarray, args))
+  want = fn(*map(jnp.asarray, args))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(np.asarray(got), np_fn(*args), rtol=2e-5, atol=2e-6)
 
@@ -111,8 +120,9 @@ def test_registry_entry_is_the_sampled_loss(kind):
   pos, neg, valid, log_q, log_q_pos = map(jnp.asarray, _inputs(2))
   spec = types.SimpleNamespace(kind=kind, head_minus_tail=HEAD_MINUS_TAIL, tail=TAIL, phi=_hinge, lam=LAM,
                                mined_k=MINED_K, dense_score_grad=True)
-  per_ex, hardest = registry.get_loss(kind)(pos, neg, valid, log_q, log_q_pos, spec=spec,
-                                            num_samples=NUM_SAMPLES, axis_name=None, score_at=None)
-  want = _fns(None)[kind][0](pos, neg, valid, log_q, log_q_pos)
+  loss = jax.jit(lambda *a: registry.get_loss(kind)(*a, spec=spec, num_samples=NUM_SAMPLES, axis_name=None,
+                                                    score_at=None))  # as the (jitted) step calls it
+  per_ex, hardest = loss(pos, neg, valid, log_q, log_q_pos)
+  want = _unsharded(kind)[0](pos, neg, valid, log_q, log_q_pos)
   np.testing.assert_array_equal(np.asarray(per_ex), np.asarray(want))
   assert (hardest is not None) == (kind in ("bowl", "powl"))

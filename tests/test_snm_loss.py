@@ -52,18 +52,32 @@ def _batch(rng, n=16, b=B):
   return pos.astype(np.float32), neg.astype(np.float32), mask
 
 
-@pytest.mark.parametrize("name", sorted(VARTHETAS))
-@pytest.mark.parametrize("kind", ["bowl", "powl"])
-def test_matches_numpy_reference(name, kind):
-  vartheta = VARTHETAS[name]
+def _phi(name, kind):
   # Cycle through the surrogates (exponential would overflow on the 1e3 row).
   phis = ["hinge", "squared_hinge", "logistic", "ramp"]
-  phi = phis[(sorted(VARTHETAS).index(name) + (kind == "powl")) % len(phis)]
+  return phis[(sorted(VARTHETAS).index(name) + (kind == "powl")) % len(phis)]
+
+
+@pytest.fixture(scope="module")
+def reference_results():
+  """Every case of test_matches_numpy_reference in one program: {(name, kind): (vmapped with
+  mask, vmapped without, leading batch dims without vmap)}."""
   pos, neg, mask = _batch(np.random.default_rng(0))
-  f = functools.partial(losses.snm_loss, vartheta=vartheta, phi=phi, kind=kind)
-  # One program: vmapped with and without mask, and leading batch dims without vmap.
-  got_masked, got_plain, got_batched = map(np.asarray, jax.jit(lambda p, n, m: (
-      jax.vmap(f)(p, n, neg_mask=m), jax.vmap(f)(p, n), f(p, n, neg_mask=m)))(pos, neg, mask))
+  fns = {(name, kind): functools.partial(losses.snm_loss, vartheta=vartheta, phi=_phi(name, kind),
+                                         kind=kind)
+         for name, vartheta in VARTHETAS.items() for kind in ("bowl", "powl")}
+  got = jax.jit(lambda p, n, m: {case: (jax.vmap(f)(p, n, neg_mask=m), jax.vmap(f)(p, n),
+                                        f(p, n, neg_mask=m)) for case, f in fns.items()})(pos, neg, mask)
+  return jax.tree.map(np.asarray, got)
+
+
+@pytest.mark.parametrize("name", sorted(VARTHETAS))
+@pytest.mark.parametrize("kind", ["bowl", "powl"])
+def test_matches_numpy_reference(name, kind, reference_results):
+  vartheta = VARTHETAS[name]
+  phi = _phi(name, kind)
+  pos, neg, mask = _batch(np.random.default_rng(0))
+  got_masked, got_plain, got_batched = reference_results[name, kind]
   p64, n64 = pos.astype(np.float64), neg.astype(np.float64)
   want_masked = [np_snm(p64[i], n64[i], vartheta, NP_PHI[phi], kind, mask[i])
                  for i in range(len(pos))]
@@ -75,13 +89,17 @@ def test_matches_numpy_reference(name, kind):
 
 def test_traced_vartheta_falls_back_to_sort_and_agrees():
   pos, neg, mask = _batch(np.random.default_rng(1))
-  for vartheta in (VARTHETAS["top_k_floor"], VARTHETAS["arbitrary"]):
-    traced = jax.jit(jax.vmap(lambda p, n, m, t: losses.snm_loss(p, n, t, "hinge", "powl", m),
-                              in_axes=(0, 0, 0, None)))
-    concrete = jax.jit(jax.vmap(functools.partial(
-        losses.snm_loss, vartheta=vartheta, phi="hinge", kind="powl")))
-    np.testing.assert_allclose(traced(pos, neg, mask, jnp.asarray(vartheta)),
-                               concrete(pos, neg, neg_mask=mask), rtol=1e-6, atol=1e-6)
+  varthetas = (VARTHETAS["top_k_floor"], VARTHETAS["arbitrary"])
+  traced = jax.vmap(lambda p, n, m, t: losses.snm_loss(p, n, t, "hinge", "powl", m),
+                    in_axes=(0, 0, 0, None))
+  concrete = lambda v: jax.vmap(functools.partial(  # noqa: E731
+      losses.snm_loss, vartheta=v, phi="hinge", kind="powl"))
+  # One program: each vartheta traced (an argument) and concrete (a constant).
+  got = jax.jit(lambda p, n, m, ts: [(traced(p, n, m, t), concrete(v)(p, n, neg_mask=m))
+                                     for t, v in zip(ts, varthetas)])(
+      pos, neg, mask, [jnp.asarray(v) for v in varthetas])
+  for from_traced, from_concrete in got:
+    np.testing.assert_allclose(from_traced, from_concrete, rtol=1e-6, atol=1e-6)
 
 
 def _primitives(fn, *args):
@@ -90,10 +108,10 @@ def _primitives(fn, *args):
 
 
 def test_uses_top_k_only_for_the_varying_head():
-  pos, neg = jnp.float32(0.3), jnp.zeros(B)
+  pos, neg = np.float32(0.3), np.zeros(B, np.float32)
   for name, want_k in [("top_k", ["3"]), ("top_k_floor", ["3"]), ("power_law", ["5"]),
                        ("negative_sampling", []), ("top_k_all", [])]:
-    fn = functools.partial(losses.snm_loss, vartheta=VARTHETAS[name], neg_mask=jnp.zeros(B, bool))
+    fn = functools.partial(losses.snm_loss, vartheta=VARTHETAS[name], neg_mask=np.zeros(B, bool))
     assert _primitives(fn, pos, neg) == (want_k, False), name
   traced = lambda t: losses.snm_loss(pos, neg, t)
   assert _primitives(traced, jnp.asarray(VARTHETAS["top_k"])) == ([str(B)], False)
@@ -101,17 +119,23 @@ def test_uses_top_k_only_for_the_varying_head():
 
 @pytest.mark.parametrize("kind", ["bowl", "powl"])
 def test_masked_entries_contribute_zero_with_finite_grads(kind):
-  neg = jnp.array([0.2, jnp.inf, -0.5, jnp.nan, 1.3, -jnp.inf, 1e30, 0.0])
-  mask = jnp.array([False, True, False, True, False, True, True, False])
-  for phi in ["exponential", "squared_hinge"]:
-    for vartheta in (VARTHETAS["top_k_floor"], VARTHETAS["negative_sampling"]):
-      f = lambda p, n: losses.snm_loss(p, n, vartheta, phi, kind, mask)
-      loss, (g_pos, g_neg) = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(jnp.float32(0.4), neg)
-      want = np_snm(0.4, np.asarray(neg, np.float64), vartheta, NP_PHI[phi], kind, np.asarray(mask))
-      np.testing.assert_allclose(loss, want, rtol=1e-5)
-      assert np.isfinite(g_pos) and np.all(np.isfinite(g_neg)), (phi, g_neg)
-      np.testing.assert_array_equal(np.asarray(g_neg)[np.asarray(mask)], 0.0)
-  all_masked = losses.snm_loss(0.4, neg, VARTHETAS["top_k"], "hinge", kind, jnp.ones(B, bool))
+  neg = np.array([0.2, np.inf, -0.5, np.nan, 1.3, -np.inf, 1e30, 0.0], np.float32)
+  mask = np.array([False, True, False, True, False, True, True, False])
+  cases = [(phi, vartheta) for phi in ["exponential", "squared_hinge"]
+           for vartheta in (VARTHETAS["top_k_floor"], VARTHETAS["negative_sampling"])]
+
+  @jax.jit
+  def run(p, n, m):  # one program for every case
+    grads = [jax.value_and_grad(lambda p, n, v=vartheta, phi=phi: losses.snm_loss(p, n, v, phi, kind, m),
+                                argnums=(0, 1))(p, n) for phi, vartheta in cases]
+    return grads, losses.snm_loss(p, n, VARTHETAS["top_k"], "hinge", kind, jnp.ones(B, bool))
+
+  results, all_masked = run(jnp.float32(0.4), neg, mask)
+  for (phi, vartheta), (loss, (g_pos, g_neg)) in zip(cases, results, strict=True):
+    want = np_snm(0.4, np.asarray(neg, np.float64), vartheta, NP_PHI[phi], kind, mask)
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    assert np.isfinite(g_pos) and np.all(np.isfinite(g_neg)), (phi, g_neg)
+    np.testing.assert_array_equal(np.asarray(g_neg)[mask], 0.0)
   np.testing.assert_allclose(all_masked, 0.6 if kind == "bowl" else 0.0, rtol=1e-6)
 
 
@@ -143,12 +167,13 @@ def test_ordered_weighted_loss_from_sharded_pieces():
   vartheta = losses.power_law_vartheta(1.0, 2 * B, K, k=4, floor=0.02)
   head, tail = losses.split_vartheta(vartheta)
   shards = lambda x: jnp.stack([x[:, :B], x[:, B:]])  # pylint: disable=unnecessary-lambda-assignment
-  sharded = jax.vmap(lambda n, v: sampled.ordered_weighted_loss(
-      pos, n, v, head_minus_tail=np.asarray(head - tail, np.float32), tail=float(tail),
+  sharded = lambda p: jax.vmap(lambda n, v: sampled.ordered_weighted_loss(  # noqa: E731
+      p, n, v, head_minus_tail=np.asarray(head - tail, np.float32), tail=float(tail),
       phi=losses.hinge, kind="powl", axis_name="shards")[0], axis_name="shards")
-  got = sharded(shards(neg), shards(valid))
-  want = jax.vmap(functools.partial(losses.snm_loss, vartheta=vartheta, kind="powl"))(
-      pos, neg, neg_mask=mask)
+  got, want = jax.jit(lambda p, n, v, m: (
+      sharded(p)(shards(n), shards(v)),
+      jax.vmap(functools.partial(losses.snm_loss, vartheta=vartheta, kind="powl"))(p, n, neg_mask=m)))(
+      pos, neg, valid, mask)
   assert got.shape == (2, len(pos))
   np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-5)
@@ -161,17 +186,17 @@ def test_lemma2_extreme_case_b_equals_k_minus_1(kind):
   v = rng.normal(size=num_classes).astype(np.float32)
   v[5] = v[2]  # a tie
   y = 3
-  neg = jnp.asarray(rng.permutation(np.delete(v, y)))
-  for k in (1, 3, num_classes - 1):
-    theta = np.r_[np.full(k, 1 / k), np.zeros(num_classes - 1 - k)]
-    vartheta = losses.top_k_vartheta(k, num_classes - 1, num_classes)
-    got = jax.jit(lambda p, n, vartheta=vartheta: losses.snm_loss(p, n, vartheta, "hinge", kind))(
-        v[y], neg)
-    np.testing.assert_allclose(got, np_owl(v.astype(np.float64), y, theta, NP_PHI["hinge"], kind),
-                               rtol=1e-5)
+  neg = rng.permutation(np.delete(v, y))
+  ks = (1, 3, num_classes - 1)
+  varthetas = [losses.top_k_vartheta(k, num_classes - 1, num_classes) for k in ks]
   # Negative sampling with k = 1 and B = K-1 is the all-ones OWL (Weston-Watkins / Lee).
   ns_vartheta = losses.negative_sampling_vartheta(1, num_classes - 1, num_classes)
-  ns = losses.snm_loss(v[y], neg, ns_vartheta, "hinge", kind)
+  *got, ns = jax.jit(lambda p, n: [losses.snm_loss(p, n, vt, "hinge", kind)
+                                   for vt in (*varthetas, ns_vartheta)])(v[y], neg)
+  for k, got_k in zip(ks, got, strict=True):
+    theta = np.r_[np.full(k, 1 / k), np.zeros(num_classes - 1 - k)]
+    np.testing.assert_allclose(got_k, np_owl(v.astype(np.float64), y, theta, NP_PHI["hinge"], kind),
+                               rtol=1e-5)
   np.testing.assert_allclose(ns, np_owl(v.astype(np.float64), y, np.ones(num_classes - 1),
                                         NP_PHI["hinge"], kind), rtol=1e-5)
 
@@ -179,9 +204,11 @@ def test_lemma2_extreme_case_b_equals_k_minus_1(kind):
 def test_negative_sampling_is_scaled_sum():
   rng = np.random.default_rng(5)
   pos, neg = np.float32(0.2), rng.normal(size=B).astype(np.float32)
-  for k in (1, 3):
+  ks = (1, 3)
+  gots = jax.jit(lambda p, n: [losses.snm_loss(p, n, losses.negative_sampling_vartheta(k, B, K),
+                                               "logistic", "bowl") for k in ks])(pos, neg)
+  for k, got in zip(ks, gots, strict=True):
     scale = (K - 1) / (k * B)
-    got = losses.snm_loss(pos, neg, losses.negative_sampling_vartheta(k, B, K), "logistic", "bowl")
     want = NP_PHI["logistic"](0.2) + scale * np.sum(NP_PHI["logistic"](-neg.astype(np.float64)))
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
@@ -218,11 +245,13 @@ def test_monte_carlo_mean_converges_to_lemma2_owl(kind):
   y = 4
   others = np.delete(v, y)
   subsets = np.argsort(rng.random((draws, num_classes - 1)), axis=1)[:, :b]
-  for vartheta in (losses.top_k_vartheta(2, b, num_classes),
-                   losses.power_law_vartheta(1.0, b, num_classes, k=3, floor=0.1)):
-    f = jax.jit(jax.vmap(functools.partial(losses.snm_loss, v[y], vartheta=vartheta,
-                                           phi="hinge", kind=kind)))
-    samples = np.asarray(f(jnp.asarray(others[subsets])), np.float64)
+  varthetas = (losses.top_k_vartheta(2, b, num_classes),
+               losses.power_law_vartheta(1.0, b, num_classes, k=3, floor=0.1))
+  all_samples = jax.jit(lambda negs: [jax.vmap(functools.partial(
+      losses.snm_loss, v[y], vartheta=vartheta, phi="hinge", kind=kind))(negs)
+                                      for vartheta in varthetas])(others[subsets])
+  for vartheta, samples in zip(varthetas, all_samples, strict=True):
+    samples = np.asarray(samples, np.float64)
     mean, stderr = samples.mean(), samples.std() / np.sqrt(draws)
     theta = losses.expected_owl_theta(vartheta, num_classes)
     exact = np_owl(v.astype(np.float64), y, theta, NP_PHI["hinge"], kind)
@@ -290,17 +319,22 @@ def test_avg_top_k_and_s2m():
   mask[1] = False
   mask[1, [2, 7]] = True  # 2 valid < k
   mask[2] = False  # none valid
-  for k in (1, 3, 10):
-    np.testing.assert_allclose(jax.jit(losses.avg_top_k, static_argnums=1)(values, k),
-                               np.sort(values, axis=1)[:, ::-1][:, :k].mean(1), rtol=1e-6)
-  got = np.asarray(jax.jit(losses.avg_top_k, static_argnums=1)(values, 3, mask))
+  ks = (1, 3, 10)
+
+  @jax.jit
+  def run(values, mask, ramp):  # one program
+    return ([losses.avg_top_k(values, k) for k in ks], losses.avg_top_k(values, 3, mask),
+            losses.s2m_loss(values[1], 10), jax.grad(losses.s2m_loss)(values[1], 3, mask[1]),
+            jax.grad(losses.s2m_loss)(ramp, 2))
+
+  top, got, s2m, g_masked, g_ramp = run(values, mask, np.arange(6.0, dtype=np.float32))
+  for k, top_k in zip(ks, top, strict=True):
+    np.testing.assert_allclose(top_k, np.sort(values, axis=1)[:, ::-1][:, :k].mean(1), rtol=1e-6)
   want0 = np.sort(values[0][mask[0]])[::-1][:3].mean()
-  np.testing.assert_allclose(got, [want0, values[1, [2, 7]].mean(), 0.0], rtol=1e-6)
-  np.testing.assert_allclose(losses.s2m_loss(values[1], 10), values[1].mean(), rtol=1e-6)
-  g = np.asarray(jax.grad(losses.s2m_loss)(values[1], 3, jnp.asarray(mask[1])))
-  np.testing.assert_allclose(g, np.where(mask[1], 0.5, 0.0))
-  g = np.asarray(jax.grad(losses.s2m_loss)(jnp.arange(6.0), 2))
-  np.testing.assert_allclose(g, [0, 0, 0, 0, 0.5, 0.5])
+  np.testing.assert_allclose(np.asarray(got), [want0, values[1, [2, 7]].mean(), 0.0], rtol=1e-6)
+  np.testing.assert_allclose(s2m, values[1].mean(), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(g_masked), np.where(mask[1], 0.5, 0.0))
+  np.testing.assert_allclose(np.asarray(g_ramp), [0, 0, 0, 0, 0.5, 0.5])
   with pytest.raises(ValueError, match="^k"):
     losses.s2m_loss(values[0], 11)
 
@@ -311,26 +345,30 @@ def test_two_stage_top_k_equals_lax_top_k(shape, k):
   exactly lax.top_k's values; indices too where there are no ties."""
   from snm_jax.losses import ranking  # pylint: disable=g-import-not-at-top
   assert ranking._num_groups(shape[-1], k) is not None
-  x = jax.random.normal(jax.random.key(3), shape)
-  v, i = jax.jit(lambda a: ranking.top_k(a, k))(x)
-  v0, i0 = jax.lax.top_k(x, k)
-  np.testing.assert_array_equal(np.asarray(v), np.asarray(v0))
-  np.testing.assert_array_equal(np.asarray(i), np.asarray(i0))
-  # Many ties (masked entries at the fill value, repeated values): values still exact,
-  # and every index points at an entry holding its value.
-  t = jnp.round(x * 2) / 2
-  t = jnp.where(jax.random.uniform(jax.random.key(4), shape) < 0.5, jnp.finfo(jnp.float32).min, t)
-  v, i = ranking.top_k(t, k)
-  np.testing.assert_array_equal(np.asarray(v), np.asarray(jax.lax.top_k(t, k)[0]))
-  np.testing.assert_array_equal(np.asarray(jnp.take_along_axis(t, i, -1)), np.asarray(v))
-  assert all(len(set(row)) == k for row in np.asarray(i).reshape(-1, k))
+
+  @jax.jit
+  def run():  # one program
+    x = jax.random.normal(jax.random.key(3), shape)
+    # Many ties (masked entries at the fill value, repeated values).
+    t = jnp.round(x * 2) / 2
+    t = jnp.where(jax.random.uniform(jax.random.key(4), shape) < 0.5, jnp.finfo(jnp.float32).min, t)
+    return ranking.top_k(x, k), jax.lax.top_k(x, k), t, ranking.top_k(t, k), jax.lax.top_k(t, k)[0]
+
+  (v, i), (v0, i0), t, (tv, ti), tv0 = jax.tree.map(np.asarray, run())
+  np.testing.assert_array_equal(v, v0)
+  np.testing.assert_array_equal(i, i0)
+  # With ties: values still exact, and every index points at an entry holding its value.
+  np.testing.assert_array_equal(tv, tv0)
+  np.testing.assert_array_equal(np.take_along_axis(t, ti, -1), tv)
+  assert all(len(set(row)) == k for row in ti.reshape(-1, k))
 
 
 def test_top_k_small_widths_use_one_lax_top_k():
   from snm_jax.losses import ranking  # pylint: disable=g-import-not-at-top
   assert ranking._num_groups(64, 16) is None
   assert ranking._num_groups(1000, 4) is None  # no power-of-two group count divides it usefully
-  top, ok, idx = losses.masked_top_k(jnp.asarray([[3.0, 1.0, 2.0]]), 5, jnp.asarray([[True, False, True]]))
+  top, ok, idx = jax.jit(losses.masked_top_k, static_argnums=1)(
+      np.asarray([[3.0, 1.0, 2.0]], np.float32), 5, np.asarray([[True, False, True]]))
   np.testing.assert_array_equal(np.asarray(ok), [[True, True, False, False, False]])
   np.testing.assert_array_equal(np.asarray(top)[0, :2], [3.0, 2.0])
   np.testing.assert_array_equal(np.asarray(idx)[0, :2], [0, 2])

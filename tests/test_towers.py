@@ -39,7 +39,7 @@ def test_dropout_does_not_change_params_or_evaluation(dropout, feature_dropout):
   e1, e2 = tower.apply(p1, ids, vals), jax.jit(tower.apply)(p1, ids, vals)
   np.testing.assert_array_equal(np.asarray(e1), np.asarray(plain.apply(p0, ids, vals)))
   np.testing.assert_allclose(np.asarray(e2), np.asarray(e1), atol=1e-6)
-  np.testing.assert_allclose(np.asarray(e1), np.asarray(_reference_tower(p1, ids, vals)), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(e1), np.asarray(jax.jit(_reference_tower)(p1, ids, vals)), atol=1e-6)
 
 
 def test_rate_zero_training_needs_no_rng_and_equals_evaluation():
@@ -54,7 +54,7 @@ def test_bag_dropout_in_training_is_random_and_inverted():
   ids, vals = _inputs()
   tower = SNMTower(D, HID, OUT, dropout=0.5, normalize=False)
   p = tower.init(jax.random.key(0), ids, vals)
-  train = lambda k: tower.apply(p, ids, vals, train=True, rngs={"dropout": jax.random.key(k)})  # noqa: E731
+  train = jax.jit(lambda k: tower.apply(p, ids, vals, train=True, rngs={"dropout": jax.random.key(k)}))
   a, b = train(1), train(2)
   assert not np.allclose(a, b)
   np.testing.assert_array_equal(np.asarray(train(1)), np.asarray(a))  # same key, same mask
@@ -67,29 +67,31 @@ def test_bag_dropout_in_training_is_random_and_inverted():
 
 def test_feature_dropout_drops_nonzeros_and_scales_the_kept_ones():
   ids, vals = _inputs()
-  ids, vals = ids[:, :1], vals[:, :1]  # one nonzero per row: each output entry is 0 or scaled
+  # One nonzero per row: each output entry is 0 or scaled.
+  ids, vals = np.asarray(ids)[:, :1], np.asarray(vals)[:, :1]
   rate = 0.25
   q = LinearQuery(D, feature_dropout=rate)
-  ref = np.asarray(LinearQuery(D).apply({}, ids, vals))
-  outs = np.stack([np.asarray(q.apply({}, ids, vals, train=True, rngs={"dropout": jax.random.key(k)}))
-                   for k in range(50)])
+  ref, evaluated = map(np.asarray, jax.jit(lambda i, v: (LinearQuery(D).apply({}, i, v), q.apply({}, i, v)))(
+      ids, vals))
+  train = jax.jit(lambda k: q.apply({}, ids, vals, train=True, rngs={"dropout": jax.random.key(k)}))
+  outs = np.stack([np.asarray(train(k)) for k in range(50)])
   assert (outs[..., -1] == 1.0).all()  # the bias input is never dropped
   x, x_ref = outs[..., :-1].sum(-1), ref[:, :-1].sum(-1)  # (keys, N), (N,)
   kept = x != 0
   np.testing.assert_allclose(x[kept], np.broadcast_to(x_ref / (1 - rate), x.shape)[kept], rtol=1e-6)
   assert abs((~kept).mean() - rate) < 0.05
-  np.testing.assert_array_equal(np.asarray(q.apply({}, ids, vals)), ref)  # evaluation: no dropout
+  np.testing.assert_array_equal(evaluated, ref)  # evaluation: no dropout
 
 
 def test_wide_deep_is_linear_query_and_tower_side_by_side():
   ids, vals = _inputs()
   wd = WideDeepQuery(D, hidden=HID, out=OUT)
-  params = wd.init(jax.random.key(0), ids, vals)
+  params = jax.jit(wd.init)(jax.random.key(0), ids, vals)
   assert set(params["params"]) == {"tower"}  # the wide path has no parameters: it is the table
-  q = np.asarray(wd.apply(params, ids, vals))
+  q, lin, deep = map(np.asarray, jax.jit(lambda p: (  # one program
+      wd.apply(p, ids, vals), LinearQuery(D).apply({}, ids, vals),
+      SNMTower(D, HID, OUT).apply({"params": p["params"]["tower"]}, ids, vals)))(params))
   assert q.shape == (N, D + 1 + OUT)
-  lin = np.asarray(LinearQuery(D).apply({}, ids, vals))
-  deep = np.asarray(SNMTower(D, HID, OUT).apply({"params": params["params"]["tower"]}, ids, vals))
   np.testing.assert_array_equal(q[:, :D + 1], lin)
   np.testing.assert_array_equal(q[:, D + 1:], deep)
   # A class row [w, b, e] scores w.x + b + e.tower(x).
@@ -103,10 +105,11 @@ def test_wide_deep_is_linear_query_and_tower_side_by_side():
 def test_wide_deep_dropout_only_in_training():
   ids, vals = _inputs()
   wd = WideDeepQuery(D, hidden=HID, out=OUT, dropout=0.5, feature_dropout=0.3)
-  params = wd.init(jax.random.key(0), ids, vals)
-  det = np.asarray(wd.apply(params, ids, vals))
-  np.testing.assert_array_equal(det, np.asarray(WideDeepQuery(D, hidden=HID, out=OUT).apply(params, ids, vals)))
-  tr = np.asarray(wd.apply(params, ids, vals, train=True, rngs={"dropout": jax.random.key(1)}))
+  params = jax.jit(wd.init)(jax.random.key(0), ids, vals)
+  det, plain, tr = map(np.asarray, jax.jit(lambda p, key: (  # one program
+      wd.apply(p, ids, vals), WideDeepQuery(D, hidden=HID, out=OUT).apply(p, ids, vals),
+      wd.apply(p, ids, vals, train=True, rngs={"dropout": key})))(params, jax.random.key(1)))
+  np.testing.assert_array_equal(det, plain)
   assert not np.allclose(tr[:, :D], det[:, :D]) and not np.allclose(tr[:, D + 1:], det[:, D + 1:])
   assert (tr[:, D] == 1.0).all()
 
@@ -130,8 +133,10 @@ def test_dense_bag_matmul_equals_the_gather_in_values_and_gradients():
   vals = jnp.asarray(rng.random((n, nnz)) * (rng.random((n, nnz)) > 0.3), jnp.float32)  # zeros = padding
   gather = SNMTower(num_features=d, hidden=8, out=4)
   dense = SNMTower(num_features=d, hidden=8, out=4, bag_matmul="dense")
-  params = gather.init(jax.random.key(0), ids, vals)
-  np.testing.assert_allclose(dense.apply(params, ids, vals), gather.apply(params, ids, vals), atol=1e-6)
-  loss = lambda m: jax.grad(lambda p: jnp.sum(jnp.sin(m.apply(p, ids, vals))))(params)
-  for a, b in zip(jax.tree.leaves(loss(dense)), jax.tree.leaves(loss(gather))):
+  params = jax.jit(gather.init)(jax.random.key(0), ids, vals)
+  loss = lambda m, params: jax.grad(lambda p: jnp.sum(jnp.sin(m.apply(p, ids, vals))))(params)  # noqa: E731
+  values_dense, values_gather, grads_dense, grads_gather = jax.jit(lambda p: (  # one program
+      dense.apply(p, ids, vals), gather.apply(p, ids, vals), loss(dense, p), loss(gather, p)))(params)
+  np.testing.assert_allclose(values_dense, values_gather, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(grads_dense), jax.tree.leaves(grads_gather), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-5)
