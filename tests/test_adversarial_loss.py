@@ -20,14 +20,18 @@ def test_loss_matches_numpy_and_ignores_logp_gradients():
   rng = np.random.default_rng(0)
   xi_pos, lp_pos = rng.normal(size=6), -rng.random(6) * 5
   xi_neg, lp_neg = rng.normal(size=(6, 4)) * 3, -rng.random((6, 4)) * 5
-  for lam in (0.0, 0.1):
-    np.testing.assert_allclose(adv.adversarial_ns_loss(xi_pos, lp_pos, xi_neg, lp_neg, lam),
-                               _np_loss(xi_pos, lp_pos, xi_neg, lp_neg, lam), rtol=1e-5)
-    # One negative per example: shapes (N,) and (N,).
-    np.testing.assert_allclose(
-        adv.adversarial_ns_loss(xi_pos, lp_pos, xi_neg[:, 0], lp_neg[:, 0], lam),
-        _np_loss(xi_pos, lp_pos, xi_neg[:, 0], lp_neg[:, 0], lam), rtol=1e-5)
-  g = jax.grad(lambda lp: adv.adversarial_ns_loss(1.0, lp, jnp.ones(3), jnp.zeros(3), 0.1))(-2.0)
+  lams = (0.0, 0.1)
+  # One program: S negatives and one negative per example (shapes (N,) and (N,)) for each lam,
+  # and the gradient w.r.t. log p.
+  got, got_one, g = jax.jit(lambda xp, lp, xn, ln: (
+      [adv.adversarial_ns_loss(xp, lp, xn, ln, lam) for lam in lams],
+      [adv.adversarial_ns_loss(xp, lp, xn[:, 0], ln[:, 0], lam) for lam in lams],
+      jax.grad(lambda l: adv.adversarial_ns_loss(1.0, l, jnp.ones(3), jnp.zeros(3), 0.1))(-2.0)))(
+      xi_pos, lp_pos, xi_neg, lp_neg)
+  for lam, loss, loss_one in zip(lams, got, got_one, strict=True):
+    np.testing.assert_allclose(loss, _np_loss(xi_pos, lp_pos, xi_neg, lp_neg, lam), rtol=1e-5)
+    np.testing.assert_allclose(loss_one, _np_loss(xi_pos, lp_pos, xi_neg[:, 0], lp_neg[:, 0], lam),
+                               rtol=1e-5)
   assert g == 0.0
   np.testing.assert_allclose(adv.debias_scores(xi_neg, lp_neg), xi_neg + lp_neg)
 
@@ -53,20 +57,23 @@ def test_bias_removal_ranks_labels_like_the_full_softmax():
   logp_MxC = np.asarray(adv.log_prob_all(tree, x))
   neg = np.asarray(adv.sample(tree, x[m_idx], jax.random.key(2), num_neg))
 
+  # The (25000, 32) index and log p arrays are arguments, not constants folded into the program.
+  data = jax.device_put((m_idx, y, neg, logp_MxC[m_idx, y], logp_MxC[m_idx[:, None], neg]))
+
   @jax.jit
   @jax.value_and_grad
-  def objective(table_flat):
+  def objective(table_flat, data):
+    m_idx, y, neg, logp_pos, logp_neg = data
     table = table_flat.reshape(m, c)
     return jnp.mean(adv.adversarial_ns_loss(
-        table[m_idx, y], logp_MxC[m_idx, y],
-        table[m_idx[:, None], neg], logp_MxC[m_idx[:, None], neg], lam))
+        table[m_idx, y], logp_pos, table[m_idx[:, None], neg], logp_neg, lam))
 
   res = scipy.optimize.minimize(
-      lambda t: tuple(np.asarray(v, np.float64) for v in objective(jnp.asarray(t, jnp.float32))),
+      lambda t: tuple(np.asarray(v, np.float64) for v in objective(jnp.asarray(t, jnp.float32), data)),
       np.zeros(m * c), jac=True, method="L-BFGS-B", options=dict(maxiter=1000, gtol=1e-9))
   xi = res.x.reshape(m, c)
   # Converged: each cell carries ~1/(m c) of the mean loss, so this is ~1e-2 per cell.
-  assert np.abs(objective(jnp.asarray(xi, jnp.float32))[1]).max() < 5e-5
+  assert np.abs(objective(jnp.asarray(xi, jnp.float32), data)[1]).max() < 5e-5
 
   counts = np.zeros((m, c))
   np.add.at(counts, (m_idx, y), 1)

@@ -31,17 +31,17 @@ def test_interpolation_matches_scipy_with_masks_and_clipping():
     mask = np.zeros(16, bool)
     mask[rng.choice(16, n_valid, replace=False)] = True
     values[~mask] = 1e6  # must be ignored
-    out, has = _interp(jnp.asarray(values), jnp.asarray(mask), 50, (-1.0, 1.0))
+    out, has = _interp(values, mask, 50, (-1.0, 1.0))
     want = _np_interp(values[mask], 50, -1.0, 1.0)
     assert bool(has)
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6)
     assert np.all(np.diff(np.asarray(out)) >= 0)
   # Same number in and out: the sorted input comes back.
   values = rng.uniform(-0.5, 0.5, 9).astype(np.float32)
-  out, _ = _interp(jnp.asarray(values), jnp.ones(9, bool), 9, (-1.0, 1.0))
+  out, _ = _interp(values, np.ones(9, bool), 9, (-1.0, 1.0))
   np.testing.assert_allclose(np.asarray(out), np.sort(values), rtol=1e-6)
   # Nothing valid: flagged, finite.
-  out, has = _interp(jnp.asarray(values), jnp.zeros(9, bool), 9, (-1.0, 1.0))
+  out, has = _interp(values, np.zeros(9, bool), 9, (-1.0, 1.0))
   assert not bool(has) and np.all(np.asarray(out) == 0)
 
 
@@ -62,8 +62,7 @@ def test_interpolation_error_within_prop3_bound(name, p):
   errors = {}
   for n in (8, 16, 32):
     q_in = (np.arange(n) + 0.5) / n
-    out, _ = _interp(jnp.asarray(p(q_in), jnp.float32), jnp.ones(n, bool), big_n,
-                     (-10.0, 10.0))
+    out, _ = _interp(p(q_in).astype(np.float32), np.ones(n, bool), big_n, (-10.0, 10.0))
     err = np.abs(np.asarray(out, np.float64) - p(q_out))
     inside = (q_out >= q_in[0]) & (q_out <= q_in[-1])
     bound = np.max(p2_abs) / (8 * n ** 2)  # Prop. 3
@@ -92,9 +91,9 @@ def _scan_ema(v0, targets_TxN, beta):
 
 def test_ema_deterministic_recursion_closed_form():
   beta, steps = 0.02, 250
-  v0 = jnp.linspace(-1, 1, 10)
-  c = jnp.linspace(0.2, 0.8, 10)
-  v_t = jax.jit(_scan_ema, static_argnums=2)(v0, jnp.tile(c, (steps, 1)), beta)
+  v0 = np.linspace(-1, 1, 10, dtype=np.float32)
+  c = np.linspace(0.2, 0.8, 10, dtype=np.float32)
+  v_t = jax.jit(_scan_ema, static_argnums=2)(v0, np.tile(c, (steps, 1)), beta)
   np.testing.assert_allclose(v_t, c + (1 - beta) ** steps * (v0 - c), rtol=1e-5,
                              atol=1e-6)
 
@@ -103,7 +102,7 @@ def test_ema_expectation_converges_at_rate_prop1():
   """v_T = EMA of interpolations of random batches: E[v_T] - m = (1-beta)^T (v0 - m)."""
   beta, n, num_aux, reps = 0.1, 6, 20, 1000
   lo, hi = 0.0, 1.0
-  v0 = jnp.zeros(num_aux)
+  v0 = np.zeros(num_aux, np.float32)
 
   def interp_batch(key):
     x = jax.random.uniform(key, (n,)) ** 2  # a skewed score distribution on [0, 1]
@@ -119,42 +118,44 @@ def test_ema_expectation_converges_at_rate_prop1():
     return jax.vmap(lambda ks: jax.lax.scan(body, v0, (ks, steps_mask))[0])(keys)
 
   # m = E[interp]: independent draws.
-  m = jax.jit(jax.vmap(interp_batch))(jax.random.split(jax.random.key(99), 10000))
-  m_mean, m_std = np.asarray(m.mean(0)), np.asarray(m.std(0))
+  m = np.asarray(jax.jit(lambda key: jax.vmap(interp_batch)(jax.random.split(key, 10000)))(
+      jax.random.key(99)))
+  m_mean, m_std = m.mean(0), m.std(0)
   for t_eff, seed in ((5, 1), (20, 2)):
-    v_t = np.asarray(run(jax.random.key(seed), jnp.arange(20) < t_eff))
-    predicted = (1 - beta) ** t_eff * (np.asarray(v0) - m_mean) + m_mean
+    v_t = np.asarray(run(jax.random.key(seed), np.arange(20) < t_eff))
+    predicted = (1 - beta) ** t_eff * (v0 - m_mean) + m_mean
     # sd of v_T: sqrt(beta / (2 - beta) (1 - (1-beta)^{2T})) * sd(interp).
     sd = m_std * np.sqrt(beta / (2 - beta) * (1 - (1 - beta) ** (2 * t_eff)))
     tol = 5 * sd / np.sqrt(reps) + 5 * m_std / np.sqrt(10000)
     np.testing.assert_array_less(np.abs(v_t.mean(0) - predicted), tol)
     # The remaining gap really is (1-beta)^T times the initial one.
-    gap = np.abs(v_t.mean(0) - m_mean).sum() / np.abs(np.asarray(v0) - m_mean).sum()
+    gap = np.abs(v_t.mean(0) - m_mean).sum() / np.abs(v0 - m_mean).sum()
     np.testing.assert_allclose(gap, (1 - beta) ** t_eff, rtol=0.05)
 
 
 def test_update_aux_vector_rows_counts_first_batch_and_no_gradient():
   state = auprc.init_aux_vector(5, 4, (-1.0, 1.0))
-  np.testing.assert_allclose(state.v[0], [-0.75, -0.25, 0.25, 0.75])
-  values = jnp.array([[0.1, 0.3, 0.5], [0.0, 0.0, 0.0]])
-  mask = jnp.array([[True, True, True], [False, False, False]])
+  np.testing.assert_allclose(np.asarray(state.v)[0], [-0.75, -0.25, 0.25, 0.75])
+  rows = np.array([3, 1], np.int32)
+  values = np.array([[0.1, 0.3, 0.5], [0.0, 0.0, 0.0]], np.float32)
+  mask = np.array([[True, True, True], [False, False, False]])
   update = jax.jit(auprc.update_aux_vector,
                    static_argnames=("beta", "score_range", "init_from_first_batch"))
-  new = update(state, jnp.array([3, 1]), values, mask, beta=0.5, score_range=(-1.0, 1.0))
+  new = update(state, rows, values, mask, beta=0.5, score_range=(-1.0, 1.0))
   target = _np_interp(np.array([0.1, 0.3, 0.5]), 4, -1.0, 1.0)
-  np.testing.assert_allclose(new.v[3], 0.5 * np.asarray(state.v[3]) + 0.5 * target,
+  np.testing.assert_allclose(np.asarray(new.v)[3], 0.5 * np.asarray(state.v)[3] + 0.5 * target,
                              rtol=1e-6)
   np.testing.assert_allclose(np.asarray(new.v)[[0, 1, 2, 4]],
                              np.asarray(state.v)[[0, 1, 2, 4]])  # row 1: no data
   np.testing.assert_array_equal(new.count, [0, 0, 0, 1, 0])
-  first = update(state, jnp.array([3, 1]), values, mask, beta=0.5,
+  first = update(state, rows, values, mask, beta=0.5,
                  score_range=(-1.0, 1.0), init_from_first_batch=True)
-  np.testing.assert_allclose(first.v[3], target, rtol=1e-6)
-  again = update(first, jnp.array([3, 1]), values * 0, mask, beta=0.5,
+  np.testing.assert_allclose(np.asarray(first.v)[3], target, rtol=1e-6)
+  again = update(first, rows, values * 0, mask, beta=0.5,
                  score_range=(-1.0, 1.0), init_from_first_batch=True)
-  np.testing.assert_allclose(again.v[3], 0.5 * target, rtol=1e-6)  # EMA from now on
+  np.testing.assert_allclose(np.asarray(again.v)[3], 0.5 * target, rtol=1e-6)  # EMA from now on
   grad = jax.jit(jax.grad(lambda x: jnp.sum(auprc.update_aux_vector(
-      state, jnp.array([3, 1]), x, mask, beta=0.5, score_range=(-1.0, 1.0)).v)))(values)
+      state, rows, x, mask, beta=0.5, score_range=(-1.0, 1.0)).v)))(values)
   np.testing.assert_array_equal(grad, 0.0)
 
 
@@ -167,7 +168,7 @@ def test_update_does_not_retrace_and_state_checkpoints(tmp_path):
                                    score_range=(-1.0, 1.0))
   state = auprc.init_aux_vector(3, 6, (-1.0, 1.0))
   for i in range(3):
-    state = step(state, jnp.full((2, 3), 0.1 * i))
+    state = step(state, np.full((2, 3), 0.1 * i, np.float32))
   ckpt = ocp.StandardCheckpointer()
   ckpt.save(tmp_path / "aux", state)
   ckpt.wait_until_finished()

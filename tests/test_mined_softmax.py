@@ -48,35 +48,42 @@ def _inputs(seed=0):
 
 
 def _value_and_grads(fn, pos, neg, *rest):
-  """Per-example losses and d(sum of losses)/d(pos, neg): examples are independent, so these
-  are each example's own derivatives."""
-  out = fn(pos, neg, *rest)
-  g_pos, g_neg = jax.grad(lambda p, s: jnp.sum(fn(p, s, *rest)), argnums=(0, 1))(pos, neg)
-  return np.asarray(out), np.asarray(g_pos), np.asarray(g_neg)
+  """One program: per-example losses, d(sum of losses)/d(pos, neg) and fn's other outputs, for fn
+  returning (losses, aux): examples are independent, so these are each example's own derivatives."""
+  def run(pos, neg, *rest):
+    f = lambda p, s: (jnp.sum(fn(p, s, *rest)[0]), fn(p, s, *rest))  # noqa: E731
+    (_, (out, aux)), (g_pos, g_neg) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(pos, neg)
+    return out, g_pos, g_neg, aux
+  return jax.tree.map(np.asarray, jax.jit(run)(pos, neg, *rest))
 
 
 # ---- (a) the estimator against NumPy --------------------------------------------------
 
+@pytest.fixture(scope="module")
+def sampled_softmax_of_inputs():
+  """Sampled softmax's value and gradients on `_inputs()` (the same program for every k)."""
+  ssm = lambda p, s, v, lq, lqp: (sampled.sampled_softmax_loss(p, s, v, lq, log_q_pos=lqp), None)  # noqa: E731
+  return _value_and_grads(ssm, *_inputs())[:3]
+
+
 @pytest.mark.parametrize("k", [1, 3, S])
-def test_value_gradient_and_tail_mass_match_numpy(k):
+def test_value_gradient_and_tail_mass_match_numpy(k, sampled_softmax_of_inputs):
   args = _inputs()
-  pos, neg, valid, log_q, log_q_pos = map(jnp.asarray, args)
+  pos, neg, valid, log_q, log_q_pos = args
   want, want_pos, want_neg, want_tail = ref.np_mined_softmax(*args, k)
-  fn = jax.jit(lambda p, s, v, lq, lqp: sampled.mined_softmax_loss(p, s, v, lq, k=k, log_q_pos=lqp)[0])
-  got, g_pos, g_neg = _value_and_grads(fn, pos, neg, valid, log_q, log_q_pos)
+  fn = lambda p, s, v, lq, lqp: sampled.mined_softmax_loss(p, s, v, lq, k=k, log_q_pos=lqp)  # noqa: E731
+  got, g_pos, g_neg, tail = _value_and_grads(fn, pos, neg, valid, log_q, log_q_pos)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g_pos, want_pos, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g_neg, want_neg, rtol=1e-5, atol=1e-6)
-  _, tail = sampled.mined_softmax_loss(pos, neg, valid, log_q, k=k, log_q_pos=log_q_pos)
-  np.testing.assert_allclose(np.asarray(tail), want_tail, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(tail, want_tail, rtol=1e-5, atol=1e-6)
   # Gradient only at the k largest corrected logits, and sampled softmax's gradient there.
   n_valid = valid.sum(-1)
   np.testing.assert_array_equal((g_neg != 0).sum(-1), np.minimum(n_valid, k))
-  o = np.where(args[2], args[1] - args[3], -np.inf)
+  o = np.where(valid, neg - log_q, -np.inf)
   kth = -np.sort(-o, axis=-1)[:, min(k, S) - 1]
   assert np.all((g_neg == 0) | (o >= kth[:, None]))
-  ssm = jax.jit(lambda p, s, v, lq, lqp: sampled.sampled_softmax_loss(p, s, v, lq, log_q_pos=lqp))
-  want_value, ssm_pos, ssm_neg = _value_and_grads(ssm, pos, neg, valid, log_q, log_q_pos)
+  want_value, ssm_pos, ssm_neg = sampled_softmax_of_inputs
   np.testing.assert_array_equal(got, want_value)  # the value is sampled softmax's, bit for bit
   np.testing.assert_allclose(g_pos, ssm_pos, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(g_neg, np.where(g_neg != 0, ssm_neg, 0.0), rtol=1e-6, atol=1e-7)
@@ -86,12 +93,13 @@ def test_value_gradient_and_tail_mass_match_numpy(k):
 
 def test_public_wrapper_is_the_trained_loss():
   pos, neg, valid, log_q, log_q_pos = _inputs(1)
-  got = losses.mined_softmax(pos, neg, log_q_pos, log_q, 3, neg_mask=~valid)
+  wrapper = jax.jit(functools.partial(losses.mined_softmax, k=3))  # one program per shape
+  got = wrapper(pos, neg, log_q_pos, log_q, neg_mask=~valid)
   want, *_ = ref.np_mined_softmax(pos, neg, valid, log_q, log_q_pos, 3)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
   # Leading batch dims broadcast as in losses.sampled_softmax.
-  batched = losses.mined_softmax(pos.reshape(1, N), neg.reshape(1, N, S), log_q_pos.reshape(1, N),
-                                 log_q.reshape(1, N, S), 3, neg_mask=~valid.reshape(1, N, S))
+  batched = wrapper(pos.reshape(1, N), neg.reshape(1, N, S), log_q_pos.reshape(1, N),
+                    log_q.reshape(1, N, S), neg_mask=~valid.reshape(1, N, S))
   np.testing.assert_array_equal(np.asarray(batched)[0], np.asarray(got))
 
 
@@ -175,7 +183,7 @@ def test_sharded_loss_and_gradient_equal_unsharded(k, dense):
   specs = (P(), P("x", None), P(), col, col, P())
   sharded = jax.shard_map(_loss_of_rows("mined_softmax", k, dense, axis_name="x"), mesh=mesh,
                           in_specs=specs, out_specs=(P(), P()))
-  put = [jax.device_put(jnp.asarray(a), jax.NamedSharding(mesh, sp)) for a, sp in zip(args, specs)]
+  put = [jax.device_put(a, jax.NamedSharding(mesh, sp)) for a, sp in zip(args, specs)]
   (_, got), g_got = jax.jit(jax.value_and_grad(sharded, argnums=(0, 1, 2), has_aux=True))(*put)
   (_, want), g_want = jax.jit(jax.value_and_grad(_loss_of_rows("mined_softmax", k, dense),
                                                  argnums=(0, 1, 2), has_aux=True))(*args)

@@ -187,6 +187,7 @@ def test_no_one_vs_rest_candidates_outside_their_range(case):
 def test_one_vs_rest_candidate_builds_the_squared_hinge_ovr_loss():
   """The candidate's config builds BOWL with a constant vartheta = (K-1)/(k B): against a NumPy
   one-vs-rest reference sq_hinge(v_y) + (K-1)/(k B) sum_{j not in Y} sq_hinge(-v_j)."""
+  import jax
   import numpy as np
   from snm_jax.losses import registry
   from snm_jax.train.config import builders, validation
@@ -208,8 +209,10 @@ def test_one_vs_rest_candidate_builds_the_squared_hinge_ovr_loss():
   valid = np.broadcast_to(np.arange(b) < num_k, (n, b)).copy()  # the padding labels are no negatives
   for i, s in enumerate(label_sets):
     valid[i, s] = False
-  loss, _ = registry.get_loss("bowl")(pos, scores, valid, np.zeros_like(scores), np.zeros(n), spec=spec,
-                                      num_samples=b, axis_name=None, score_at=None)
+  # Jitted as the step runs it: one compile, not one per eager op.
+  loss = jax.jit(lambda *a: registry.get_loss("bowl")(*a, spec=spec, num_samples=b, axis_name=None,
+                                                      score_at=None)[0])(
+      pos, scores, valid, np.zeros_like(scores), np.zeros(n))
   sq = lambda u: np.maximum(1.0 - u, 0.0) ** 2
   want = sq(pos) + (num_k - 1) / (k * b) * np.where(valid, sq(-scores), 0.0).sum(-1)
   np.testing.assert_allclose(np.asarray(loss), want, rtol=1e-5)
@@ -219,6 +222,7 @@ def test_one_vs_rest_pairs_weigh_every_positive_once():
   """Summed over a point's examples, expand_all_positives gives LinearSVC's per-label weighting of
   the positives, sum_{y in Y} sq_hinge(v_y) + |Y| c sum_{j not in Y} sq_hinge(-v_j), c = (K-1)/(kB)
   (one drawn positive per point weighs each 1/|Y| instead: recipes.OVR_LOSS_SETTINGS)."""
+  import jax
   import numpy as np
   import scipy.sparse as sp
   from snm_jax.data import conversions
@@ -246,9 +250,9 @@ def test_one_vs_rest_pairs_weigh_every_positive_once():
     cand = with_overrides(c, {**fields, "recipe.name": ""})
     spec = builders.make_loss_spec(cand, num_k)
     pos = scores[rows, pos_ids]
-    loss, _ = registry.get_loss("bowl")(pos, scores[rows], negative[rows], np.zeros((len(rows), b)),
-                                        np.zeros(len(rows)), spec=spec, num_samples=b, axis_name=None,
-                                        score_at=None)
+    loss = jax.jit(lambda *a: registry.get_loss("bowl")(*a, spec=spec, num_samples=b, axis_name=None,
+                                                        score_at=None)[0])(  # one compile, as the step
+        pos, scores[rows], negative[rows], np.zeros((len(rows), b)), np.zeros(len(rows)))
     return np.bincount(rows, np.asarray(loss, np.float64), minlength=3), spec.tail
 
   got, cneg = per_point("ovr_pairs", *conversions.expand_all_positives(labels))
