@@ -34,20 +34,22 @@ def _np_objective(theta, xa, zeta, reg):
 def test_newton_step_increases_node_objective_and_reaches_the_optimum():
   xa, zeta, node = _node_problem()
   reg, m = 0.1, 3
-  args = (jnp.asarray(xa, jnp.float32), jnp.asarray(zeta, jnp.float32), jnp.asarray(node))
-  step = jax.jit(lambda th: fit.newton_step(th, *args, reg))
-  objective = jax.jit(lambda th: fit.node_objective(th, *args, reg))
-  theta = jnp.zeros((m, 3))
-  values = [np.asarray(objective(theta))]
+  # The problem's arrays are arguments, not constants folded into the programs.
+  args = jax.device_put((xa.astype(np.float32), zeta.astype(np.float32), node.astype(np.int32)))
+  step = jax.jit(lambda th, args: fit.newton_step(th, *args, reg))
+  objective = jax.jit(lambda th, args: fit.node_objective(th, *args, reg))
+  theta = jax.device_put(np.zeros((m, 3), np.float32))
+  values = [np.asarray(objective(theta, args))]
   for _ in range(8):
-    theta = step(theta)
-    values.append(np.asarray(objective(theta)))
+    theta = step(theta, args)
+    values.append(np.asarray(objective(theta, args)))
   values = np.array(values)
+  theta = np.asarray(theta)
   assert np.all(values[1] > values[0] + 1.0)  # the first step is a real improvement
   assert np.all(np.diff(values, axis=0) >= -1e-3)  # and no step ever decreases L_n
   for n in range(m):
     sel = node == n
-    np.testing.assert_allclose(values[:, n][-1], _np_objective(np.asarray(theta[n], np.float64),
+    np.testing.assert_allclose(values[:, n][-1], _np_objective(theta[n].astype(np.float64),
                                                                xa[sel], zeta[sel], reg), rtol=1e-5)
     ref = scipy.optimize.minimize(lambda t: -_np_objective(t, xa[sel], zeta[sel], reg),
                                   np.zeros(3), method="BFGS", options=dict(gtol=1e-8))
@@ -56,11 +58,12 @@ def test_newton_step_increases_node_objective_and_reaches_the_optimum():
 
 def test_chunked_segment_sums_equal_one_segment_sum():
   rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(50, 3)), jnp.float32)
-  w = jnp.asarray(rng.normal(size=50), jnp.float32)
-  ids = jnp.asarray(rng.integers(0, 6, 50))  # id 5 is out of range for 5 segments: dropped
+  x = rng.normal(size=(50, 3)).astype(np.float32)
+  w = rng.normal(size=50).astype(np.float32)
+  ids = rng.integers(0, 6, 50).astype(np.int32)  # id 5 is out of range for 5 segments: dropped
   make = lambda x, w: (w[:, None] * x, fit.upper_outer_products(x))
-  want = [jax.ops.segment_sum(u, ids, 5) for u in make(x, w)]
+  # The one-segment-sum reference: its own program, separate from the chunked ones.
+  want = jax.jit(lambda x, w, ids: [jax.ops.segment_sum(u, ids, 5) for u in make(x, w)])(x, w, ids)
   for chunk in (7, 25, 50, 64):  # with and without a remainder, one chunk, no full chunk
     got = jax.jit(lambda x, w, ids: fit._chunked_segment_sums(make, (x, w), ids, 5, chunk))(
         x, w, ids)
@@ -97,13 +100,14 @@ def test_reassign_is_a_median_split_by_delta():
 def test_fitted_tree_beats_a_random_balanced_tree_on_a_planted_hierarchy():
   c, k = 60, 6  # L = 64: four padding leaves
   x, y = adv.planted_hierarchy(0, c, k, c * 40 + 2000, decay=0.8, noise=0.15)
-  (x_tr, y_tr), (x_te, y_te) = (x[:-2000], y[:-2000]), (jnp.asarray(x[-2000:]), y[-2000:])
+  (x_tr, y_tr), (x_te, y_te) = (x[:-2000], y[:-2000]), (np.asarray(x[-2000:]), np.asarray(y[-2000:]))
   fitted, reports = adv.fit_tree(x_tr, y_tr, c)
   assert len(reports) == 6 and all(r.iterations >= 1 for r in reports)
   perm = np.random.default_rng(1).permutation(c)
   random_tree, _ = adv.fit_tree(x_tr, y_tr, c, max_reassign_iters=0, init_leaf_of_label=perm)
   assert np.array_equal(np.asarray(random_tree.leaf_of_label_C), perm)
-  ll = lambda t: float(jnp.mean(adv.log_prob(t, x_te, jnp.asarray(y_te)[:, None])))
+  mean_ll = jax.jit(lambda t, x, y: jnp.mean(adv.log_prob(t, x, y[:, None])))
+  ll = lambda t: float(mean_ll(t, x_te, y_te))
   ll_fit, ll_random = ll(fitted), ll(random_tree)
   # Uniform is -log 60 = -4.09; Bayes-optimal is about -0.02.
   assert ll_fit > -0.5 and ll_random < -1.5, (ll_fit, ll_random)

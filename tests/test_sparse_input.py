@@ -75,7 +75,7 @@ def _setup(mesh_shape, *, sparse, opt="sgd", model="snm", dropout=0.0, wd=0.0):
   else:
     tower, width, normalize = WideDeepQuery(D, H, H, dropout=dropout, feature_dropout=dropout), D + 1 + H, False
   b = _batch()
-  params = tower.init(jax.random.key(0), b["feat_ids"], b["feat_vals"])
+  params = _init_params(tower, b["feat_ids"], b["feat_vals"])
   tx = {"sgd": optax.sgd(TOWER_LR), "momentum": optax.sgd(TOWER_LR, momentum=0.9),
         "adagrad": optax.adagrad(TOWER_LR)}[opt]
   ropt = row_optimizers.sgd()
@@ -106,6 +106,10 @@ def _setup(mesh_shape, *, sparse, opt="sgd", model="snm", dropout=0.0, wd=0.0):
                          donate=False, input_table=input_table)
   put = lambda b: {k: jax.device_put(v, sharding.named(mesh, jax.P(sharding.DATA))) for k, v in b.items()}  # noqa: E731
   return dict(mesh=mesh, tower=tower, state=state, step=step, put=put, input_table=input_table)
+
+
+# One jitted program per tower (a static argument: the set-ups of one tower share it), not op by op.
+_init_params = jax.jit(lambda tower, ids, vals: tower.init(jax.random.key(0), ids, vals), static_argnums=0)
 
 
 def _bag_path(params):
@@ -230,7 +234,7 @@ def test_evaluation_tower_equals_the_dense_tower(mesh_shape):
   params (to float summation order)."""
   s = _setup(mesh_shape, sparse=True)
   b = _batch(3)
-  full = s["tower"].init(jax.random.key(0), b["feat_ids"], b["feat_vals"])
+  full = _init_params(s["tower"], b["feat_ids"], b["feat_vals"])  # as _setup's
   ids, vals = (jax.device_put(b[k], sharding.named(s["mesh"], jax.P(sharding.DATA)))
                for k in ("feat_ids", "feat_vals"))
   got = jax.jit(s["input_table"].apply_fn(s["tower"].apply))(s["state"].tower_params(), ids, vals)
@@ -286,9 +290,12 @@ def test_input_row_optimiser_follows_the_tower_optimiser():
                                              "optimizer.warmup_steps": 4}), mesh)
   assert it.row_opt.weight_decay == 0.01 and not it.row_opt.additive
   lr = _config().optimizer.learning_rate
-  np.testing.assert_allclose([float(it.lr(s)) for s in (0, 2, 4, 7)], [0.0, lr / 2, lr, lr], rtol=1e-6)
+  # Each jitted (one program, as in the step), not op by op.
+  np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(it.lr))(np.array([0, 2, 4, 7], np.int32))),
+                             [0.0, lr / 2, lr, lr], rtol=1e-6)
   # Lazy momentum with beta = optimizer.momentum: m <- 0.5 m + g.
-  rows, state = it.row_opt.update(jnp.ones((1, 2)), jnp.ones((1, 2)), {"momentum": jnp.ones((1, 2))}, 1.0)
+  ones = np.ones((1, 2), np.float32)
+  rows, state = jax.jit(it.row_opt.update)(ones, ones, {"momentum": ones}, 1.0)
   np.testing.assert_allclose(np.asarray(state["momentum"]), 1.5)
 
 
