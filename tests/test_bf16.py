@@ -78,30 +78,46 @@ def _tower(kind, dtype):
 
 
 @functools.cache
-def _loss(model_kind, loss_kind, tower_dtype, score_dtype):
-  """The step's loss (and queries) on one batch with the tower in `tower_dtype` and the scores in
-  `score_dtype`; snm_tower / wide_deep with the sparse input table (the default)."""
-  mesh = sharding.make_mesh((1, 1))
+def _model(model_kind, tower_dtype):
+  """(tower, params, table, inputs, normalize) for the loss tests: params and class table drawn in
+  one jitted program (not op by op); snm_tower / wide_deep with the sparse input table's params."""
   tower, width, normalize = _tower(model_kind, tower_dtype)
   b = _batch(dense=model_kind == "mlp")
   inputs = (b["features"],) if model_kind == "mlp" else (b["feat_ids"], b["feat_vals"])
-  params = tower.init(jax.random.key(0), *inputs)
-  rows = jax.random.normal(jax.random.key(1), (K, width))
-  table = rows if normalize else 0.3 * rows / np.sqrt(width)
+
+  @jax.jit
+  def init(inputs):
+    params = tower.init(jax.random.key(0), *inputs)
+    rows = jax.random.normal(jax.random.key(1), (K, width))
+    table = rows if normalize else 0.3 * rows / np.sqrt(width)
+    if model_kind in ("snm_tower", "wide_deep"):
+      params, emb = split_params(params)
+      params = SparseTowerParams(params, jnp.pad(emb, ((0, input_table_rows(D, V) - D), (0, 0))))
+    return params, table
+
+  return tower, *init(inputs), inputs, normalize
+
+
+@functools.cache
+def _loss(model_kind, loss_kind, tower_dtype, score_dtype):
+  """The step's loss (and queries) on one batch with the tower in `tower_dtype` and the scores in
+  `score_dtype`; snm_tower / wide_deep with the sparse input table (the default). One jitted
+  program computes both (the gradients unused: XLA drops them; the same loss bits, 2026-11-28)."""
+  mesh = sharding.make_mesh((1, 1))
+  tower, params, table, inputs, normalize = _model(model_kind, tower_dtype)
+  b = _batch(dense=model_kind == "mlp")
   input_table = None
   apply = tower.apply
   if model_kind in ("snm_tower", "wide_deep"):
     input_table = InputTable(mesh=mesh, row_opt=row_optimizers.sgd(), lr=lambda s: 0.1)
-    params, emb = split_params(params)
-    params = SparseTowerParams(params, jnp.pad(emb, ((0, input_table_rows(D, V) - D), (0, 0))))
     apply = input_table.apply_fn(tower.apply)
   fn, _ = make_loss_and_grads(tower_apply=tower.apply, sampler=StratifiedSampler(K, B, num_strata=V),
                               loss=_spec(loss_kind), mesh=mesh, normalize_classes=normalize,
                               input_table=input_table, compute_dtype=score_dtype)
-  out = jax.jit(fn)(params, table, b, jax.random.key(3))
-  q = jax.jit(apply)(params, *inputs)
-  assert q.dtype == jnp.float32 and out.loss.dtype == jnp.float32
-  return float(out.loss), np.asarray(q)
+  loss, q = jax.jit(lambda p, t, b, k, inputs: (fn(p, t, b, k).loss, apply(p, *inputs)))(
+      params, table, b, jax.random.key(3), inputs)
+  assert q.dtype == jnp.float32 and loss.dtype == jnp.float32
+  return float(loss), np.asarray(q)
 
 
 @pytest.mark.parametrize("loss_kind", ["bowl", "sampled_softmax"])
@@ -139,20 +155,27 @@ def test_bf16_towers_keep_float32_parameters():
 
 # ---- the bfloat16 class table ---------------------------------------------------------------------
 
-def _table_step(mesh_shape, table_dtype, row_opt="momentum", rounding="nearest", compute=jnp.float32):
+@functools.cache
+def _table_step(mesh_shape, table_dtype, row_opt, rounding="nearest", compute=jnp.float32):
   """A toy SNM step with its class table stored in `table_dtype` (values: a bfloat16 draw, so the
-  float32 and bfloat16 tables start equal)."""
+  float32 and bfloat16 tables start equal). Cached: the step is not donating, tests share it."""
   mesh = sharding.make_mesh(mesh_shape)
   tower = SNMTower(D, H, H, **({} if compute == jnp.float32 else {"dtype": compute}))
   b = _batch()
-  params = tower.init(jax.random.key(0), b["feat_ids"], b["feat_vals"])
   tx = optax.sgd(0.1)
   ropt = row_optimizers.get_row_optimizer(row_opt)
+
+  @jax.jit  # one program, not op by op
+  def init(ids, vals):
+    params = tower.init(jax.random.key(0), ids, vals)
+    table = precision.to_storage(jax.random.normal(jax.random.key(1), (K, H)).astype(BF16).astype(jnp.float32),
+                                 table_dtype)
+    return params, table, ropt.init(K, H)
+
+  params, table, table_state = init(b["feat_ids"], b["feat_vals"])
   rows = lambda x: jax.device_put(x, sharding.named(mesh, jax.P(sharding.MODEL, *[None] * (x.ndim - 1))))  # noqa: E731
-  table = precision.to_storage(jax.random.normal(jax.random.key(1), (K, H)).astype(BF16).astype(jnp.float32),
-                               table_dtype)
   state = TrainState.create(params=params, opt_state=tx.init(params), table=rows(table),
-                            table_state=jax.tree.map(rows, ropt.init(K, H)))
+                            table_state=jax.tree.map(rows, table_state))
   state = commit(state, mesh)
   step = make_train_step(tower_apply=tower.apply, tx=tx, row_opt=ropt, table_lr=lambda s: 0.5,
                          sampler=StratifiedSampler(K, B, num_strata=V), loss=_spec("bowl"), mesh=mesh,
@@ -170,7 +193,7 @@ def test_bf16_table_update_is_the_float32_update_rounded_to_nearest(row_opt):
   new16, m16 = step16(s16, batch, jax.random.key(5))
   assert new16.table.dtype == s16.table.dtype == U16  # bfloat16 bits (precision.STORAGE)
   assert float(m16["loss"]) == float(m32["loss"])  # the same float32 rows were gathered
-  got, want = np.asarray(precision.upcast(new16.table)), np.asarray(new32.table.astype(BF16).astype(jnp.float32))
+  got, want = np.asarray(precision.upcast(new16.table)), np.asarray(new32.table).astype(BF16).astype(np.float32)
   moved = np.any(np.asarray(new32.table) != np.asarray(s32.table), axis=1)
   assert moved.sum() >= B // 2
   if row_opt == "momentum":  # the same merged float32 update, rounded once: equal bits
@@ -184,14 +207,15 @@ def test_bf16_table_update_is_the_float32_update_rounded_to_nearest(row_opt):
 
 
 def test_bf16_table_stochastic_update_rounds_to_a_neighbour():
-  s32, step32, batch = _table_step((1, 1), jnp.float32)
-  s16, step16, _ = _table_step((1, 1), U16, rounding="stochastic")
+  s32, step32, batch = _table_step((1, 1), jnp.float32, "momentum")
+  s16, step16, _ = _table_step((1, 1), U16, "momentum", "stochastic")
   new32, _ = step32(s32, batch, jax.random.key(5))
   new16, _ = step16(s16, batch, jax.random.key(5))
   x = np.asarray(new32.table)
   got = np.asarray(precision.upcast(new16.table))
-  down = np.asarray(precision.stochastic_round_bf16(x, np.zeros(x.shape, np.uint32)).astype(jnp.float32))
-  up = np.asarray(precision.stochastic_round_bf16(x, np.full(x.shape, 0xFFFF, np.uint32)).astype(jnp.float32))
+  down, up = (np.asarray(r) for r in jax.jit(lambda x: [  # the two neighbours, in one program
+      precision.stochastic_round_bf16(x, jnp.full(x.shape, bits, jnp.uint32)).astype(jnp.float32)
+      for bits in (0, 0xFFFF)])(x))
   assert np.all((got == down) | (got == up))
   moved = x != np.asarray(s32.table)
   assert 0.2 < np.mean(got[moved] == up[moved]) < 0.8  # both neighbours are taken
@@ -203,15 +227,20 @@ def test_stochastic_rounding_is_unbiased_and_keeps_small_updates():
   """Over 4096 keys the mean of the rounded values is x within 4 standard errors of a two-point
   draw (ulp sqrt(p (1 - p) / n)); an update of -1e-4 on 1.0 (half the spacing below 1.0 is 2^-9 = 0.002) is lost by
   round-to-nearest and kept on average by stochastic rounding."""
-  x = jnp.asarray(np.concatenate([1.0 + np.linspace(0, 2.0 ** -7, 16, endpoint=False),
-                                  -3.0 - np.linspace(0, 2.0 ** -6, 16, endpoint=False),
-                                  [1.0 - 1e-4] * 32]).astype(np.float32))
+  x = np.concatenate([1.0 + np.linspace(0, 2.0 ** -7, 16, endpoint=False),
+                      -3.0 - np.linspace(0, 2.0 ** -6, 16, endpoint=False),
+                      [1.0 - 1e-4] * 32]).astype(np.float32)
   n = 4096
-  rounded = jax.vmap(lambda k: precision.round_rows(x[None], BF16, "stochastic", k, jnp.zeros(1, jnp.int32)))(
-      jax.random.split(jax.random.key(0), n))[:, 0].astype(jnp.float32)
-  mean = np.asarray(jnp.mean(rounded, axis=0))
-  ulp = np.where(np.abs(np.asarray(x)) >= 2, 2.0 ** -6, np.where(np.asarray(x) >= 1, 2.0 ** -7, 2.0 ** -8))
-  np.testing.assert_array_less(np.abs(mean - np.asarray(x)), 4 * ulp * 0.5 / np.sqrt(n) + 1e-7)
+
+  @jax.jit  # one program for the n vmapped draws and their mean (op by op: dozens of compiles)
+  def mean_of_rounded(x):
+    rounded = jax.vmap(lambda k: precision.round_rows(x[None], BF16, "stochastic", k, jnp.zeros(1, jnp.int32)))(
+        jax.random.split(jax.random.key(0), n))[:, 0].astype(jnp.float32)
+    return jnp.mean(rounded, axis=0)
+
+  mean = np.asarray(mean_of_rounded(x))
+  ulp = np.where(np.abs(x) >= 2, 2.0 ** -6, np.where(x >= 1, 2.0 ** -7, 2.0 ** -8))
+  np.testing.assert_array_less(np.abs(mean - x), 4 * ulp * 0.5 / np.sqrt(n) + 1e-7)
   assert float(x[-1].astype(BF16)) == 1.0  # nearest: the update is gone
   np.testing.assert_allclose(mean[-32:], 1.0 - 1e-4, atol=4 * 2.0 ** -8 * 0.5 / np.sqrt(n))
 
@@ -224,7 +253,7 @@ def test_sharded_bf16_step_equals_one_device():
   for shape in ((1, 1), (2, 4)):
     state, step, batch = _table_step(shape, U16, "sgd", "stochastic", compute=BF16)
     new, metrics = step(state, batch, jax.random.key(10))
-    moved = np.any(np.asarray(new.table != state.table), axis=1)
+    moved = np.any(np.asarray(new.table) != np.asarray(state.table), axis=1)
     out[shape] = (np.asarray(precision.upcast(new.table)), float(metrics["loss"]), moved)
   (t1, l1, m1), (t8, l8, m8) = out[(1, 1)], out[(2, 4)]
   assert abs(l1 - l8) < 1e-5

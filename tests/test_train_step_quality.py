@@ -3,6 +3,8 @@ the step's rng (same negatives, rate 0 = today's bits), row-wise decay of the
 touched rows with the table schedule's lr, and the linear / wide-and-deep
 queries with unnormalised class rows."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,12 +22,18 @@ KEY = jax.random.key(7)
 TABLE_LR = 0.5
 
 
+# _touched's draws in one program per sampler (op by op: ~15 small compiles).
+_draws = jax.jit(lambda sampler, key: sampler.sample_strata(key, jnp.arange(V), None)[0], static_argnums=0)
+
+
 def build(mesh_shape=(1, 1), *, model=None, dim=H, row_opt="sgd", weight_decay=0.0, normalize=True,
           dropout=None, table_lr=lambda s: TABLE_LR, spec=None, init_scale=1.0, per_example=False):
   """As step_fixtures.make, with the model, row decay, dropout flag and schedule open."""
   mesh = sharding.make_mesh(mesh_shape)
   model = model or SNMTower(num_features=D, hidden=H, out=H)
   b = toy_batch()
+  # Op by op, as step_fixtures.make: test_defaults_are_todays_step_bit_for_bit compares the two
+  # states' bits, and a jitted init rounds differently.
   params = model.init(jax.random.key(0), b["feat_ids"], b["feat_vals"])
   tx = optax.sgd(0.1)
   ropt = row_optimizers.get_row_optimizer(row_opt)._replace(weight_decay=weight_decay)
@@ -42,6 +50,12 @@ def build(mesh_shape=(1, 1), *, model=None, dim=H, row_opt="sgd", weight_decay=0
                          dropout=dropout)
   batch = {k: jax.device_put(v, sharding.named(mesh, jax.P(sharding.DATA))) for k, v in b.items()}
   return dict(model=model, state=state, step=step, batch=batch, sampler=sampler, raw_batch=b)
+
+
+@functools.cache
+def _plain(row_opt):
+  """build(row_opt=row_opt), shared by the tests that only read it (the step does not donate)."""
+  return build(row_opt=row_opt)
 
 
 def _run(setup, steps=2):
@@ -63,7 +77,7 @@ def _assert_same_bits(a, b):
 
 def _touched(setup, key):
   """Rows the first step names on a (1, 1) mesh: the drawn negatives and the positives."""
-  ids = setup["sampler"].sample_strata(key, jnp.arange(V), None)[0]
+  ids = _draws(setup["sampler"], key)
   touched = np.zeros(K, bool)
   touched[np.asarray(ids)] = True
   touched[setup["raw_batch"]["label"]] = True
@@ -77,7 +91,7 @@ def test_defaults_are_todays_step_bit_for_bit():
 
 
 def test_rate_zero_with_the_dropout_flag_draws_nothing_and_changes_nothing():
-  a = build()
+  a = _plain("sgd")
   b = build(dropout=True)  # rates 0: train=True is the identity, no rng drawn
   _assert_same_bits(_run(a)[0], _run(b)[0])
 
@@ -88,7 +102,7 @@ def test_dropout_flag_defaults_to_the_modules_rates():
   a, e, o = _run(auto)[0], _run(explicit)[0], _run(off)[0]
   _assert_same_bits(a, e)
   assert not np.array_equal(np.asarray(a.table), np.asarray(o.table))
-  _assert_same_bits(o, _run(build())[0])  # dropout=False: the module's deterministic call
+  _assert_same_bits(o, _run(_plain("sgd"))[0])  # dropout=False: the module's deterministic call
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 1), (2, 4)])
@@ -126,7 +140,7 @@ def test_table_decay_scales_each_touched_row_once(row_opt):
   touched rows (momentum starts at 0, so the relation is exact); the others
   do not move."""
   wd = 0.2
-  plain = build(row_opt=row_opt)
+  plain = _plain(row_opt)
   decayed = build(row_opt=row_opt, weight_decay=wd)
   s0, _ = plain["step"](plain["state"], plain["batch"], KEY)
   s1, _ = decayed["step"](decayed["state"], decayed["batch"], KEY)
