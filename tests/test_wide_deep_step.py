@@ -43,8 +43,11 @@ def test_wide_deep_queries_declare_their_parameter_free_columns():
   assert not hasattr(towers.LinearQuery(num_features=100), "constant_query_columns")
 
 
-def test_split_product_step_equals_the_single_product_step():
-  config = _config()
+# (2, 4): the queries vary over `data` and the table's rows over `model` inside shard_map, so the
+# split product's own gradient rule must sum each one's cotangent over the other's axis as autodiff does.
+@pytest.mark.parametrize("mesh_shape", [(1, 1), (2, 4)], ids=["1x1", "2x4"])
+def test_split_product_step_equals_the_single_product_step(mesh_shape):
+  config = with_overrides(_config(), {"mesh.shape": mesh_shape})
   split, m_split = _three_steps(config, None)       # the shipped step: columns [0, d + 1) constant
   whole, m_whole = _three_steps(config, 0)          # one product, every column differentiated
   assert float(m_split["loss"]) == pytest.approx(float(m_whole["loss"]), rel=1e-5)

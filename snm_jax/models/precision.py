@@ -87,6 +87,18 @@ def matmul(a, b, dtype):
   return jnp.matmul(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
+def matmul_nt(a, b, dtype):
+  """a @ b.T, (n, h) x (S, h) -> (n, S), with both factors in `dtype`, accumulated and returned in
+  float32: one dot_general contracting the last axes. Differentiated, b's cotangent then comes out
+  (S, h), b's own layout; `a @ b.T`'s comes out (h, S) and every consumer (the table's update, its
+  finiteness check) reads it transposed: on a 4,000 x 5,001 class table the linear step took 377 ms
+  against 255 ms so (interleaved, 2 CPU cores)."""
+  dims = (((1,), (1,)), ((), ()))
+  if not is_reduced(dtype):
+    return jax.lax.dot_general(a, b, dims)
+  return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), dims, preferred_element_type=jnp.float32)
+
+
 def einsum(spec: str, a, b, dtype):
   """`jnp.einsum(spec, a, b)` with both factors in `dtype`, accumulated in float32."""
   if not is_reduced(dtype):

@@ -145,6 +145,51 @@ def _module_has_dropout(module) -> bool:
   return any(isinstance(r, (int, float)) and r > 0 for r in rates)
 
 
+def _varying_axes(x) -> set:
+  """The mesh axes x varies over inside shard_map (empty outside): `.mat.varying` of its type in
+  jax 0.10, `.vma` before."""
+  t = jax.typeof(x)
+  return set(t.mat.varying) if hasattr(t, "mat") else set(getattr(t, "vma", ()))
+
+
+def _varying_like(x, other):
+  """x made varying over the mesh axes `other` varies over: what autodiff does implicitly before
+  a product of the two, and whose transpose (a psum) sums x's cotangent over those axes. A
+  custom_vjp needs it explicitly, as its cotangents must have its inputs' types."""
+  missing = tuple(sorted(_varying_axes(other) - _varying_axes(x)))
+  if not missing:
+    return x
+  if hasattr(jax.lax, "pcast"):
+    return jax.lax.pcast(x, missing, to="varying")
+  return jax.lax.pvary(x, missing)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _scores_constant_leading_columns(q, rows, c: int):
+  """q @ rows.T, (n, h) x (S, h) -> (n, S), for a query whose first c columns depend on no
+  parameter ([x, 1] of the wide-and-deep query): its cotangent is computed for the other h - c
+  columns only (g @ rows[:, c:], an n x S x (h - c) product), and the rows' is one g.T @ q.
+  Autodiff of the one product would compute the n x S x h cotangent and drop most of it; as two
+  products (the columns split), the table is sliced into two copies for the forward pass and the
+  rows' cotangent assembled from two padded halves, every step."""
+  return precision.matmul_nt(q, rows, jnp.float32)
+
+
+def _scores_constant_leading_columns_fwd(q, rows, c):
+  return precision.matmul_nt(q, rows, jnp.float32), (q, rows)
+
+
+def _scores_constant_leading_columns_bwd(c, residuals, g):
+  q, rows = residuals
+  g_tail = g @ rows[:, c:]
+  g_q = jnp.concatenate([jnp.zeros((q.shape[0], c), g_tail.dtype), g_tail], axis=1)
+  return g_q, g.T @ q  # (S, h): the rows' layout (`precision.matmul_nt`)
+
+
+_scores_constant_leading_columns.defvjp(_scores_constant_leading_columns_fwd,
+                                        _scores_constant_leading_columns_bwd)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Scorer:
   """Scaled scores of queries q (n, h) against gathered (float32) class rows (cosines if
@@ -167,12 +212,15 @@ class _Scorer:
     rows = self.class_rows(rows_Sxh)
     c = self.constant_columns
     if not c:
-      return self.scale * precision.matmul(q, rows.T, self.dtype)
-    # As one product, the backward pass would compute the query's cotangent for all h columns (an
-    # n x S x h matmul, the largest of the wide-and-deep step) and drop the constant ones; as two,
-    # only the tower's columns are differentiated. The same sum, in another order.
-    return self.scale * (precision.matmul(jax.lax.stop_gradient(q[:, :c]), rows[:, :c].T, self.dtype)
-                         + precision.matmul(q[:, c:], rows[:, c:].T, self.dtype))
+      return self.scale * precision.matmul_nt(q, rows, self.dtype)
+    if not precision.is_reduced(self.dtype):
+      return self.scale * _scores_constant_leading_columns(_varying_like(q, rows), _varying_like(rows, q), c)
+    # In a reduced compute dtype, as two products: only the tower's columns are differentiated
+    # (as one, autodiff would compute the query's cotangent for all h columns, an n x S x h matmul,
+    # the largest of the wide-and-deep step, and drop the constant ones). The same sum, in another
+    # order. Its float32 rule above does the same in one product, without slicing the rows.
+    return self.scale * (precision.matmul_nt(jax.lax.stop_gradient(q[:, :c]), rows[:, :c], self.dtype)
+                         + precision.matmul_nt(q[:, c:], rows[:, c:], self.dtype))
 
   def each(self, q, rows_nxSxh):  # -> (n, S)
     return self.scale * (normalized_row_scores(q, rows_nxSxh, dtype=self.dtype) if self.normalize_classes
