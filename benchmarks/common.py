@@ -59,6 +59,21 @@ def time_fn(fn: Callable[[], Any], *, reps: int = MIN_REPS, warmup: int = 2) -> 
   return _stats(times)
 
 
+def train_stepper(task) -> Callable[[], Any]:
+  """One call = one train step of `task` (a `snm_jax.train.trainer.tasks.Task`) on its next batch,
+  with the next key folded from key(1); the state is carried across calls. Returns (state, metrics)."""
+  carry = {"state": task.state, "i": 0}
+  key = jax.random.key(1)
+
+  def step():
+    carry["state"], metrics = task.train_step(carry["state"], next(task.batches),
+                                              jax.random.fold_in(key, carry["i"]))
+    carry["i"] += 1
+    return carry["state"], metrics
+
+  return step
+
+
 def time_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = MIN_REPS,
                      warmup: int = 2) -> dict[str, dict]:
   """Like `time_fn` for several functions, timed round-robin (one call of each

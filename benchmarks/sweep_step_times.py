@@ -17,7 +17,6 @@ import json
 import os
 import time
 
-import jax
 from absl import flags, logging
 
 from benchmarks import common
@@ -51,20 +50,6 @@ def _shared_run_data():
   return cached
 
 
-def _stepper(task):
-  """One call = one train step on the next batch (the state carried across calls)."""
-  carry = {"state": task.state, "i": 0}
-  key = jax.random.key(1)
-
-  def step():
-    carry["state"], metrics = task.train_step(carry["state"], next(task.batches),
-                                              jax.random.fold_in(key, carry["i"]))
-    carry["i"] += 1
-    return carry["state"], metrics
-
-  return step
-
-
 def main(argv):
   del argv
   sweep = load_sweep(_SWEEP.value)
@@ -78,7 +63,7 @@ def main(argv):
                              "diagnostics.every": 0})
     mesh = sharding.make_mesh(config.mesh.shape)
     t0 = time.perf_counter()
-    steppers[point.name] = _stepper(build_task(config, mesh))
+    steppers[point.name] = common.train_stepper(build_task(config, mesh))
     logging.info("built %s in %.1fs", point.name, time.perf_counter() - t0)
   peak = common.matmul_peak()
   times = common.time_interleaved(steppers, reps=_REPS.value, warmup=_WARMUP.value)

@@ -15,11 +15,12 @@ copies of the table per step) and padded the two halves of the gradient back tog
           gradient (S, h)), and for wide and deep one product whose gradient rule differentiates the
           tower's columns only (`step._scores_constant_leading_columns`).
 
-Each variant's whole train step is built from the same config and timed round-robin with the other
+Each variant's whole train step is built from the same config (the recipe's candidate of that model kind,
+its fields derived from the data: `step_config`) and timed round-robin with the other
 (`common.time_interleaved`; every call a new batch and key), with the float32 matmul peak of the
 same run. Datasets:
   delicious  Delicious's training file (d = 500, K = 983), found as the library finds it;
-  xc_5k      random XC-format rows shaped like EURLex-4K (15,539 points, d = 5,000, K = 3,993, 236
+  xc_random  random XC-format rows shaped like EURLex-4K (15,539 points, d = 5,000, K = 3,993, 236
              nonzeros and 5.3 labels per point on average), written to a temporary folder: a
              moderate-d set, where the table is 20M floats ("small": d = 1,000, K = 500).
 """
@@ -37,6 +38,8 @@ from snm_jax import sharding
 from snm_jax.models import precision
 from snm_jax.train.config.overrides import with_overrides
 from snm_jax.train.core import step as step_lib
+from snm_jax.train.recipes import recipe
+from snm_jax.train.trainer.run_data import load_run_data
 from snm_jax.train.trainer.tasks import build_task
 
 KINDS = ("linear", "wide_deep")
@@ -77,38 +80,21 @@ def write_xc_set(folder: pathlib.Path, name: str, shape, seed: int = 0) -> None:
     (folder / name / f"{name}_{split}.txt").write_text("\n".join(lines) + "\n")
 
 
-def step_config(dataset: str, data_dir: str, kind: str, num_labels: int):
-  """The recipe's candidate of `kind` on `dataset` (its derived settings for Delicious's size)."""
-  wide = kind == "wide_deep"
-  return with_overrides(xmc.get_config(dataset), {
-      "recipe.name": "", "dataset.data_dir": data_dir, "model.kind": kind,
-      "model.hidden": 256 if wide else 512, "model.out": 128 if wide else 512,
-      "model.dropout": 0.3 if wide else 0.0, "model.bag_matmul": "dense", "loss.logit_scale": 1.0,
-      "loss.kind": "full_softmax", "mining.sampler": "full", "mining.num_samples": -(-num_labels // 8) * 8,
-      "train.batch_size": 512, "train.num_steps": 1000, "train.eval_every": 1000,
-      "table.learning_rate": 81.92, "diagnostics.every": 0})
+def step_config(dataset: str, data_dir: str, kind: str):
+  """The xmc recipe's candidate of `kind` on `dataset`: its fields derived from the data as the recipe
+  derives them (`recipe.derive`), at the derived table learning rate."""
+  config = with_overrides(xmc.get_config(dataset), {"dataset.data_dir": data_dir, "model.kind": kind})
+  derived = recipe.derive(config, recipe.DataStats.of(load_run_data(config)))
+  return with_overrides(config, {**derived, "recipe.name": "", "diagnostics.every": 0})
 
 
-def stepper(task):
-  """One call = one train step on the next batch and key, the state carried across calls."""
-  carry = {"state": task.state, "i": 0}
-  key = jax.random.key(1)
-
-  def step():
-    carry["state"], _ = task.train_step(carry["state"], next(task.batches), jax.random.fold_in(key, carry["i"]))
-    carry["i"] += 1
-    return carry["state"]
-
-  return step
-
-
-def time_case(dataset: str, data_dir: str, kind: str, num_labels: int, reps: int) -> dict:
+def time_case(dataset: str, data_dir: str, kind: str, reps: int) -> dict:
   steppers, original = {}, step_lib._Scorer.shared  # pylint: disable=protected-access
   try:
     for name, shared in VARIANTS.items():
       step_lib._Scorer.shared = shared  # pylint: disable=protected-access
-      config = step_config(dataset, data_dir, kind, num_labels)
-      run = stepper(build_task(config, sharding.make_mesh(config.mesh.shape)))
+      config = step_config(dataset, data_dir, kind)
+      run = common.train_stepper(build_task(config, sharding.make_mesh(config.mesh.shape)))
       jax.block_until_ready(run())  # traced and compiled with this variant's product
       steppers[name] = run
   finally:
@@ -125,13 +111,13 @@ def run(size: str, out_dir: str | None, peak: dict) -> dict:
   rows = []
   with tempfile.TemporaryDirectory(prefix="snm_jax_xc_") as tmp:
     write_xc_set(pathlib.Path(tmp), "xc_random", XC_SHAPE[size])
-    cases = [("xc_random", tmp, XC_SHAPE[size][2])]
+    cases = [("xc_random", tmp)]
     if size == "full":
-      cases.insert(0, ("delicious", "", 983))
-    for dataset, data_dir, num_labels in cases:
+      cases.insert(0, ("delicious", ""))
+    for dataset, data_dir in cases:
       for kind in KINDS:
         reps = REPS[dataset] if dataset == "delicious" else REPS[dataset][size]
-        rows.append(time_case(dataset, data_dir, kind, num_labels, reps))
+        rows.append(time_case(dataset, data_dir, kind, reps))
   return common.report("table_grad_layout", size, {"xc_shape": XC_SHAPE[size], "reps": REPS}, rows,
                        ["dataset", "kind", "before_ms", "after_ms", "after_over_before"], peak,
                        out_dir=out_dir)
