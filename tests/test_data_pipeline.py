@@ -8,7 +8,9 @@ import pytest
 import scipy.sparse as sp
 
 from snm_jax.data import conversions
+from snm_jax.data import device_rows
 from snm_jax.data import pipeline
+from snm_jax import sharding
 
 
 def _toy(n=53, d=40, k=9, seed=0):
@@ -236,6 +238,39 @@ def test_make_global_batch_shards_over_the_data_axis():
   assert pipeline.process_data_slice(mesh, "data") == (0, 1)
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (4, 2)])
+def test_rows_on_device_give_the_host_batches_with_their_shardings(shape):
+  """`DeviceRows`: the batches whose rows cross as indices and are gathered on the devices
+  equal the host-built global batches (values, dtypes, shapes and shardings, so a step compiled
+  for one takes the other), over two epochs with a partial last batch and truncated rows, for a
+  fixed conversion, and after a width change (a candidate group widening its members' batches)."""
+  feats, labels = _toy()
+  mesh = sharding.make_mesh(shape)  # the runs' mesh (automatic axes)
+  for examples in ("sample_one_positive", "expand_all_positives"):
+    host = _batcher(feats, labels, examples=examples, global_batch_size=12)
+    dev = _batcher(feats, labels, examples=examples, global_batch_size=12, rows_on_device=True)
+    rows = device_rows.DeviceRows(dev, mesh)
+    steps, padding_rows = 2 * host.steps_per_epoch(), 0
+    for step in range(2 * steps):
+      if step == steps:
+        for b in (host, dev):
+          b.max_nnz, b.max_labels = 24, 8
+      local = next(dev)
+      padding_rows += int(np.sum(local["row"] == feats.shape[0]))
+      assert "row" in local and "feat_ids" not in local and "label_set" not in local
+      want, got = pipeline.make_global_batch(next(host), mesh), rows.to_global(local)
+      assert got.keys() == want.keys()
+      for key, arr in want.items():
+        assert got[key].dtype == arr.dtype and got[key].shape == arr.shape, key
+        assert got[key].sharding == arr.sharding, key
+        np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(arr), err_msg=key)
+    assert padding_rows  # the epochs' last batches were partial
+  # Rows not padded in memory (over PADDED_ROWS_MAX_BYTES): the batches carry their arrays.
+  big = _batcher(feats, labels, rows_on_device=True)
+  big.PADDED_ROWS_MAX_BYTES = 0
+  assert big.device_tables() is None and "feat_ids" in next(big)
+
+
 def test_grain_threads_and_workers_yield_the_same_batches_and_track_state():
   feats, labels = _toy()
   ref = _batcher(feats, labels)
@@ -273,7 +308,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
                            process_id=pid, initialization_timeout=60)
 import numpy as np
 import scipy.sparse as sp
-from snm_jax.data import pipeline
+from snm_jax.data import device_rows, pipeline
 
 feats = sp.random(61, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
 labels = sp.random(61, 7, density=0.3, format="csr", random_state=1, dtype=np.float32)
@@ -286,12 +321,18 @@ for shape, axes in (((8,), ("data",)), ((4, 2), ("data", "model"))):
                                 process_count=count, **kw)
   ref = pipeline.SparseBatcher(feats, labels, "sample_one_positive", process_index=0,
                                process_count=1, **kw)
+  auto = jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+  on_device = pipeline.SparseBatcher(feats, labels, "sample_one_positive", process_index=index,
+                                     process_count=count, rows_on_device=True, **kw)
+  rows = device_rows.DeviceRows(on_device, auto)  # each process's rows gathered on its devices
   for step in range(6):  # crosses an epoch boundary (4 batches per epoch)
-    want, got = next(ref), pipeline.make_global_batch(next(mine), mesh)
-    for key, arr in got.items():
-      assert arr.shape == want[key].shape, (key, arr.shape)
-      for shard in arr.addressable_shards:
-        np.testing.assert_array_equal(np.asarray(shard.data), want[key][shard.index[0]])
+    want = next(ref)
+    for got in (pipeline.make_global_batch(next(mine), mesh), rows.to_global(next(on_device))):
+      assert got.keys() == want.keys()
+      for key, arr in got.items():
+        assert arr.shape == want[key].shape, (key, arr.shape)
+        for shard in arr.addressable_shards:
+          np.testing.assert_array_equal(np.asarray(shard.data), want[key][shard.index[0]])
 print("OK", pid)
 '''
 

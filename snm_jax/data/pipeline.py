@@ -212,7 +212,7 @@ class SparseBatcher:
                shuffle: bool = True, drop_remainder: bool = False,
                num_epochs: int | None = None, nnz_percentile: float = 100.0,
                pad_multiple: int = 8, log_epochs: bool = True, read_threads: int = 0,
-               prefetch: int = 2, workers: int = 0):
+               prefetch: int = 2, workers: int = 0, rows_on_device: bool = False):
     """Builds the batcher.
 
     Args:
@@ -241,6 +241,11 @@ class SparseBatcher:
       read_threads, prefetch: Grain's ReadOptions: threads building batches ahead of the
         consumer and how many batches they keep ready (read_threads=0: built on demand).
       workers: Grain worker processes (`mp_prefetch`), 0 for none.
+      rows_on_device: while the rows are padded once in memory (`_padded_rows`), a batch holds
+        "row" int32 (n,) (each example's row, padding rows the extra all-padding row N) in place
+        of feat_ids, feat_vals and label_set, which `snm_jax.data.device_rows.DeviceRows`
+        gathers on the devices from `device_tables()`: the same arrays, without the host's
+        gather and transfer of every batch.
     """
     rows_source = features if isinstance(features, ShardedRows) else None
     if rows_source is None:
@@ -264,6 +269,7 @@ class SparseBatcher:
     self.drop_remainder, self.num_epochs = drop_remainder, num_epochs
     self.log_epochs = log_epochs
     self.read_threads, self.prefetch, self.workers = read_threads, prefetch, workers
+    self.rows_on_device = rows_on_device
 
     self._eval_mode = examples is None
     self._per_row = None        # a per-row conversion's name
@@ -403,6 +409,21 @@ class SparseBatcher:
     self._padded = {"widths": widths, "features": features, **rest}
     return self._padded
 
+  # What `device_tables` pads each array's extra row with: the batch's padding rows gather it.
+  _DEVICE_FILL = {"feat_ids": 0, "feat_vals": 0.0, "label_set": -1}
+
+  def device_tables(self) -> dict | None:
+    """{"feat_ids", "feat_vals" (N + 1, max_nnz), "label_set" (N + 1, max_labels)}: every row
+    padded (`_padded_rows`) and one all-padding row N, which the batches' "row" arrays index
+    (`rows_on_device`); None when the batches carry their arrays (no `rows_on_device`, or rows
+    not padded in memory)."""
+    padded = self._padded_rows() if self.rows_on_device else None
+    if padded is None:
+      return None
+    arrays = {**padded["features"], "label_set": padded["label_set"]}
+    return {name: np.concatenate([a, np.full((1, a.shape[1]), self._DEVICE_FILL[name], a.dtype)])
+            for name, a in arrays.items()}
+
   def _pad_block(self, block: records.RowBlock, n: int) -> tuple[dict, dict]:
     """A block's rows padded to n rows: (the feature arrays (`_features`), {"label_set" (n,
     max_labels), and per row "truncated" (features), "dropped" (feature entries) and
@@ -432,9 +453,13 @@ class SparseBatcher:
       features, out = self._pad_block(block, n)
       label_indptr, label_ids, example_ids = block.label_indptr, block.label_ids, block.example_id
     else:  # the same arrays, gathered (feature padding 0, label-set padding -1)
-      features = {name: _gather_padded(table, rows, n, 0) for name, table in padded["features"].items()}
-      out = {"label_set": _gather_padded(padded["label_set"], rows, n, -1),
-             **{name: padded[name][rows] for name in ("truncated", "dropped", "labels_truncated")}}
+      out = {name: padded[name][rows] for name in ("truncated", "dropped", "labels_truncated")}
+      if self.rows_on_device:  # gathered there from `device_tables` (padding: its row N)
+        features = {"row": np.full(n, self.rows.num_rows, np.int32)}
+        features["row"][:k] = rows
+      else:
+        features = {name: _gather_padded(table, rows, n, 0) for name, table in padded["features"].items()}
+        out["label_set"] = _gather_padded(padded["label_set"], rows, n, -1)
       example_ids = rows
       if self._per_row is not None:
         label_indptr, label_ids = self.rows.read_labels(np.asarray(rows, np.int64))
@@ -453,8 +478,9 @@ class SparseBatcher:
     counts = {"epoch_examples": k, "epoch_rows_truncated": int(out["truncated"].sum()),
               "epoch_nnz_dropped": int(out["dropped"].sum()),
               "epoch_label_sets_truncated": int(out["labels_truncated"].sum())}
-    return ({**features, "label": label, "label_set": out["label_set"], "valid": valid,
-             "example_id": example_id}, counts)
+    label_set = {"label_set": out["label_set"]} if "label_set" in out else {}
+    return ({**features, "label": label, **label_set, "valid": valid, "example_id": example_id},
+            counts)
 
   # ----------------------------------------------------------------- iteration
   def _grain_iterator(self):

@@ -22,7 +22,8 @@ from absl import logging
 from snm_jax import sharding
 from snm_jax.data import shards
 from snm_jax.data.conversions import conversion_fn
-from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, make_global_batch, process_data_slice
+from snm_jax.data.device_rows import DeviceRows
+from snm_jax.data.pipeline import DenseBatcher, SparseBatcher, process_data_slice
 from snm_jax.errors import ConfigError
 from snm_jax.mining.samplers import check_strata_fit_mesh, padded_num_labels
 from snm_jax.models import precision
@@ -38,13 +39,18 @@ from snm_jax.train.core.task import Task
 
 class GlobalBatches:
   """This process's batches of a batcher (`SparseBatcher`, `DenseBatcher`, ...), as global
-  arrays sharded over the mesh."""
+  arrays sharded over the mesh (rows kept on the devices gathered there: `DeviceRows`)."""
 
   def __init__(self, batcher: SparseBatcher, mesh):
     self.batcher, self.mesh = batcher, mesh
+    self.device_rows = DeviceRows(batcher, mesh)
 
   def __next__(self) -> dict:
-    return make_global_batch(next(self.batcher), self.mesh)
+    return self.to_global(next(self.batcher))
+
+  def to_global(self, local_batch: dict) -> dict:
+    """One of the batcher's batches (this process's slice) as the step's global arrays."""
+    return self.device_rows.to_global(local_batch)
 
   def get_state(self) -> dict:
     return self.batcher.get_state()
@@ -125,7 +131,8 @@ def build(config, mesh) -> Task:
       *rows, d.conversion, global_batch_size=config.train.batch_size,
       max_nnz=d.max_nnz or "auto", max_labels=d.max_labels or "auto",
       seed=config.seed, process_index=process_index, process_count=process_count,
-      read_threads=d.get("read_threads", 1), prefetch=d.get("prefetch", 2), workers=d.get("workers", 0))
+      read_threads=d.get("read_threads", 1), prefetch=d.get("prefetch", 2), workers=d.get("workers", 0),
+      rows_on_device=True)
 
   state = create_state(config, tower, table_rows, dim, tx, row_opt, mesh, batcher.example_inputs(),
                        input_table)

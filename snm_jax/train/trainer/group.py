@@ -38,7 +38,8 @@ import numpy as np
 from absl import logging
 
 from snm_jax import metrics
-from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
+from snm_jax.sharding import DATA
+from snm_jax.data.pipeline import make_stacked_global_batch
 from snm_jax.errors import ConfigError
 from snm_jax.train.config.overrides import json_without
 from snm_jax.train.runtime.host import is_writer, itstime, to_host
@@ -152,6 +153,9 @@ class CandidateGroup:
 
     if self.mode == "vmap":
       self._vstep = jax.jit(jax.vmap(step_one), donate_argnums=(0,))
+      # The members' global batches stacked on a leading axis, placed as make_stacked_global_batch's.
+      self._stack = jax.jit(lambda bs: jax.tree.map(lambda *x: jnp.stack(x), *bs),
+                            out_shardings=jax.NamedSharding(mesh, jax.P(None, DATA)))
       self._take = jax.jit(lambda s, i: jax.tree.map(lambda x: x[i], s),
                            out_shardings=self.member_shardings)
       self._restack([self.tasks[n].state for n in self.names])
@@ -193,11 +197,16 @@ class CandidateGroup:
       if self._feed[n] not in fed:
         fed[self._feed[n]] = next(self.tasks[self._feed[n]].batches.batcher)
     if self.mode == "vmap":
-      batch = make_stacked_global_batch([fed[self._feed[n]] for n in self.alive], self.mesh, self.batch_size)
+      if any("row" in b for b in fed.values()):  # rows gathered on the devices, then stacked there
+        on_device = {src: self.tasks[src].batches.to_global(b) for src, b in fed.items()}
+        batch = self._stack([on_device[self._feed[n]] for n in self.alive])
+      else:
+        batch = make_stacked_global_batch([fed[self._feed[n]] for n in self.alive], self.mesh,
+                                          self.batch_size)
       self.state, metrics = self._vstep(self.state, batch, self._keys, self._lrs)
       self._in_flight.add(metrics)
       return
-    on_device = {src: make_global_batch(batch, self.mesh) for src, batch in fed.items()}
+    on_device = {src: self.tasks[src].batches.to_global(b) for src, b in fed.items()}
     for name in self.alive:  # independent programs: each member's step counts against the bound
       self.states[name], metrics = self._step_one(self.states[name], on_device[self._feed[name]],
                                                   self._key[name], self._lr[name])

@@ -1,0 +1,65 @@
+"""Training rows held on the devices: a batch crosses from the host as row indices.
+
+A `SparseBatcher` with `rows_on_device` whose rows are padded once in host memory yields, per
+batch, "row" int32 (n,) in place of feat_ids, feat_vals and label_set. `DeviceRows` places the
+padded arrays (`SparseBatcher.device_tables`) on every device of the mesh once, replicated, and
+gathers a global batch's rows there in one jitted call: each device gathers the rows of its own
+data shard, so nothing is communicated. The batch is the same arrays as the host's gather,
+without the host building and transferring ~(8 max_nnz + 4 max_labels) bytes per example per
+step on the cores the train step runs on (Delicious: 1.3 MB per batch of 512).
+
+Neither Grain nor jax has this: Grain's batches are host arrays, and jax's transfers move them.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from snm_jax.data.pipeline import make_global_batch
+
+
+class DeviceRows:
+  """The padded rows of `batcher` on the devices of `mesh`. `to_global(local_batch)`: this
+  process's slice of a batch as the step's global arrays (`pipeline.make_global_batch`'s); a
+  batch holding "row" crosses as ONE (n, columns) int32 array of its per-example columns (row,
+  label, valid, example_id: one transfer, not four; each costs ~0.2 ms of host time) and is
+  completed on the devices."""
+
+  def __init__(self, batcher, mesh):
+    self.batcher, self.mesh = batcher, mesh
+    self._tables = None   # (widths, {name: replicated jax.Array})
+    self._gathers = {}    # (column names and dtypes, the packed array's sharding) -> jitted gather
+
+  def tables(self) -> dict:
+    """The batcher's `device_tables()` as replicated global arrays; placed again when a width
+    changes (a candidate group widens its members' batches before their first step)."""
+    widths = (self.batcher.max_nnz, self.batcher.max_labels)
+    if self._tables is None or self._tables[0] != widths:
+      host = self.batcher.device_tables()
+      replicated = jax.NamedSharding(self.mesh, jax.P())
+      # make_array_from_callback: each process places its own (identical) copy on its devices.
+      self._tables = (widths, {name: jax.make_array_from_callback(a.shape, replicated,
+                                                                  lambda index, a=a: a[index])
+                               for name, a in host.items()})
+    return self._tables[1]
+
+  def _gather(self, columns: tuple, sharding):
+    key = (columns, sharding)
+    if key not in self._gathers:
+      rows_out = jax.NamedSharding(self.mesh, jax.P(*sharding.spec[:1]))  # the rows of every output
+
+      def gather(tables, packed):  # packed (n, columns); its "row" in [0, N]: never out of range
+        cols = {name: packed[:, i].astype(dtype) for i, (name, dtype) in enumerate(columns)}
+        row = cols.pop("row")
+        return {**cols, **{name: t.at[row].get(mode="promise_in_bounds") for name, t in tables.items()}}
+
+      self._gathers[key] = jax.jit(gather, out_shardings=rows_out)
+    return self._gathers[key]
+
+  def to_global(self, local_batch: dict) -> dict:
+    if "row" not in local_batch:
+      return make_global_batch(local_batch, self.mesh)
+    columns = tuple((name, np.asarray(v).dtype) for name, v in sorted(local_batch.items()))
+    packed = np.stack([np.asarray(v, np.int32) for _, v in sorted(local_batch.items())], axis=1)
+    packed = make_global_batch({"packed": packed}, self.mesh)["packed"]
+    return self._gather(columns, packed.sharding)(self.tables(), packed)
