@@ -3,7 +3,7 @@ r"""Runs every benchmark, each in its own process (so each can set its own XLA_F
   python -m benchmarks.run_all --size=small --out-dir=/tmp/snm_jax_bench   # < 5 min (make bench)
   python -m benchmarks.run_all --size=full --out-dir=/tmp/snm_jax_bench    # the RESULTS.md run
 
-Modules: step_scaling, mining, retrieval, tree_eval, wide_path, table_grad_layout, and tree_sampler and sharded
+Modules: step_scaling, mining, retrieval, tree_eval, wide_path, table_grad_layout, steps_per_call, and tree_sampler and sharded
 when present. In small mode the float32 matmul peak is measured once here and passed
 down (`--matmul_peak_gflops`) to the modules that report against it; in full mode every
 module measures its own, next to its own timings, since the load of a shared
@@ -44,6 +44,7 @@ MODULES = (
     ("benchmarks.sharded", lambda size, out_dir, peak: _common_args(size, out_dir, None)),
     ("benchmarks.wide_path", _common_args),
     ("benchmarks.table_grad_layout", _common_args),
+    ("benchmarks.steps_per_call", _common_args),
 )
 
 

@@ -46,16 +46,20 @@ def alone(tmp_path_factory):
   return root, {n: train_and_evaluate(c, root / n) for n, c in member_configs().items()}
 
 
-@pytest.fixture(scope="module", params=group_lib.MODES)
+# (mode, steps_per_call): serial with 3 steps per dispatch cuts each 8-step evaluation interval
+# into 3 + 3 + 1 + 1 (a scan of 3, then single steps).
+@pytest.fixture(scope="module", params=[("vmap", 1), ("serial", 1), ("serial", 3)])
 def runs(request, alone, tmp_path_factory):
-  root = tmp_path_factory.mktemp(f"group_{request.param}")
+  mode, steps_per_call = request.param
+  root = tmp_path_factory.mktemp(f"group_{mode}_{steps_per_call}")
   configs = member_configs()
   mesh = sharding.make_mesh(configs["lr_x1"].mesh.shape)
   group = group_lib.CandidateGroup([(n, c, root / "group" / n) for n, c in configs.items()], mesh,
-                                   mode=request.param)
+                                   mode=mode, steps_per_call=steps_per_call)
   # The two rates read the same batches: one pipeline feeds both (the other split has its own).
   assert group._feed == {"lr_x1": "lr_x1", "lr_x2": "lr_x1", "split_1": "split_1"}  # pylint: disable=protected-access
   group.finish()
+  assert group._compiled_chunk == (steps_per_call > 1)  # pylint: disable=protected-access
   together = {n: json.loads((root / "group" / n / "results.json").read_text()) for n in configs}
   return root, alone[0], configs, alone[1], together
 

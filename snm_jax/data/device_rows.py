@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from snm_jax.data.pipeline import make_global_batch
+from snm_jax.data.pipeline import make_global_batch, make_stacked_global_batch
 
 
 class DeviceRows:
@@ -43,23 +43,40 @@ class DeviceRows:
                                for name, a in host.items()})
     return self._tables[1]
 
-  def _gather(self, columns: tuple, sharding):
-    key = (columns, sharding)
+  def _gather(self, columns: tuple, packed: jax.Array):
+    key = (columns, packed.ndim, packed.sharding)
     if key not in self._gathers:
-      rows_out = jax.NamedSharding(self.mesh, jax.P(*sharding.spec[:1]))  # the rows of every output
+      # Every output is sharded as the packed array's leading axes (the rows; after the steps').
+      out = jax.NamedSharding(self.mesh, jax.P(*packed.sharding.spec[:packed.ndim - 1]))
 
-      def gather(tables, packed):  # packed (n, columns); its "row" in [0, N]: never out of range
-        cols = {name: packed[:, i].astype(dtype) for i, (name, dtype) in enumerate(columns)}
+      def gather(tables, packed):  # packed (..., n, columns); its "row" in [0, N]: never out of range
+        cols = {name: packed[..., i].astype(dtype) for i, (name, dtype) in enumerate(columns)}
         row = cols.pop("row")
         return {**cols, **{name: t.at[row].get(mode="promise_in_bounds") for name, t in tables.items()}}
 
-      self._gathers[key] = jax.jit(gather, out_shardings=rows_out)
+      self._gathers[key] = jax.jit(gather, out_shardings=out)
     return self._gathers[key]
+
+  @staticmethod
+  def _pack(local_batch: dict) -> tuple[tuple, np.ndarray]:
+    """((name, dtype) per column, int32 (n, columns)): the batch's per-example columns."""
+    names = sorted(local_batch)
+    return (tuple((name, np.asarray(local_batch[name]).dtype) for name in names),
+            np.stack([np.asarray(local_batch[name], np.int32) for name in names], axis=1))
 
   def to_global(self, local_batch: dict) -> dict:
     if "row" not in local_batch:
       return make_global_batch(local_batch, self.mesh)
-    columns = tuple((name, np.asarray(v).dtype) for name, v in sorted(local_batch.items()))
-    packed = np.stack([np.asarray(v, np.int32) for _, v in sorted(local_batch.items())], axis=1)
+    columns, packed = self._pack(local_batch)
     packed = make_global_batch({"packed": packed}, self.mesh)["packed"]
-    return self._gather(columns, packed.sharding)(self.tables(), packed)
+    return self._gather(columns, packed)(self.tables(), packed)
+
+  def to_global_stacked(self, local_batches: list[dict], global_batch_size: int) -> dict:
+    """Several batches stacked on a leading axis, (k, global batch, ...) sharded as
+    `pipeline.make_stacked_global_batch` places them (a scan's k steps)."""
+    if "row" not in local_batches[0]:
+      return make_stacked_global_batch(local_batches, self.mesh, global_batch_size)
+    packs = [self._pack(b) for b in local_batches]
+    packed = make_stacked_global_batch([{"packed": p} for _, p in packs], self.mesh,
+                                       global_batch_size)["packed"]
+    return self._gather(packs[0][0], packed)(self.tables(), packed)

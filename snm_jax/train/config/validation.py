@@ -133,6 +133,7 @@ def _validate_recipe(config) -> None:
   _one_of("recipe.split_search", field_or_default(r, "split_search", "all"), ("all", "first"))
   _bool("recipe.group", field_or_default(r, "group", True))
   _one_of("recipe.group_mode", field_or_default(r, "group_mode", "auto"), ("auto", "vmap", "serial"))
+  _int("recipe.steps_per_call", field_or_default(r, "steps_per_call", 1), 1)
   halving = field_or_default(r, "halving", 0)
   _int("recipe.halving", halving, 0, note=" (0 = no successive halving; else > 1)")
   if halving == 1:

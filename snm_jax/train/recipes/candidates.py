@@ -157,7 +157,8 @@ def train(recipe_config, members, mesh) -> dict:
                    sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
       mode = recipe_config.recipe.get("group_mode", "auto")
       g = group_lib.CandidateGroup([(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh,
-                                   None if mode == "auto" else mode)
+                                   None if mode == "auto" else mode,
+                                   steps_per_call=recipe_config.recipe.get("steps_per_call", 1))
       stack.callback(g.close)  # (commits the checkpoint saves in flight, on errors too)
       built.append((group_members, g))
     watch = stack.enter_context(PreemptionWatch(recipe_config.train.get("preemption_signals", "SIGTERM")))

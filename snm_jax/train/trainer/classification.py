@@ -52,6 +52,10 @@ class GlobalBatches:
     """One of the batcher's batches (this process's slice) as the step's global arrays."""
     return self.device_rows.to_global(local_batch)
 
+  def to_global_stacked(self, local_batches: list[dict]) -> dict:
+    """Several of the batcher's batches stacked on a leading axis (k steps of a scan)."""
+    return self.device_rows.to_global_stacked(local_batches, self.batcher.global_batch_size)
+
   def get_state(self) -> dict:
     return self.batcher.get_state()
 

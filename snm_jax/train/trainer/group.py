@@ -29,6 +29,7 @@ same bits as an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -87,9 +88,14 @@ class CandidateGroup:
 
   mode: "vmap" -- the members' states stacked, one vmapped step for all; "serial" -- each member
   its own state, the one compiled step called for each in turn (no stacking, nothing recompiles
-  when members leave); None: `default_mode()`."""
+  when members leave); None: `default_mode()`.
+  steps_per_call: serial mode, k > 1: while k steps remain before the next evaluation, checkpoint
+  or stop, each member's k steps are one dispatch, a `lax.scan` of its step over k batches (the
+  host's per-step work -- dispatch, batch transfer and gather -- paid once per k steps); the
+  other steps one by one. The chunks follow from the step and those events alone, so a resumed
+  group cuts the same chunks as an uninterrupted one."""
 
-  def __init__(self, members, mesh, mode: str | None = None):
+  def __init__(self, members, mesh, mode: str | None = None, steps_per_call: int = 1):
     keys = {group_key(c) for _, c, _ in members}
     if None in keys or len(keys) != 1:
       raise ConfigError("recipe", "a candidate group's members must differ only in "
@@ -161,8 +167,15 @@ class CandidateGroup:
       self._restack([self.tasks[n].state for n in self.names])
     else:
       self._step_one = jax.jit(step_one, donate_argnums=(0,))
+
+      def steps(state, batches, key, lr_scale):  # batches: (k, ...) per array, k steps in order
+        return jax.lax.scan(lambda s, b: step_one(s, b, key, lr_scale), state, batches)
+
+      self._steps = jax.jit(steps, donate_argnums=(0,))
       self.states = {n: self.tasks[n].state for n in self.names}
       self._compiled = False
+    self.steps_per_call = steps_per_call if self.mode == "serial" else 1
+    self._compiled_chunk = False
     self._checkpointers = {}
     self._in_flight = InFlight()
     self.checkpoint_every = config.train.checkpoint_every
@@ -190,6 +203,33 @@ class CandidateGroup:
 
   def _block(self) -> None:
     jax.block_until_ready(self.state if self.mode == "vmap" else self.states)
+
+  def _train_steps(self, k: int) -> None:
+    """k > 1 steps of every member alive (serial mode), one dispatch each: its k batches stacked on
+    a leading axis and its step scanned over them."""
+    fed = {}
+    for n in self.alive:
+      if self._feed[n] not in fed:
+        batcher = self.tasks[self._feed[n]].batches.batcher
+        fed[self._feed[n]] = [next(batcher) for _ in range(k)]
+    on_device = {src: self.tasks[src].batches.to_global_stacked(b) for src, b in fed.items()}
+    for name in self.alive:
+      self.states[name], metrics = self._steps(self.states[name], on_device[self._feed[name]],
+                                               self._key[name], self._lr[name])
+      self._in_flight.add(metrics)
+
+  def _chunk(self, until: int) -> int:
+    """How many steps the next dispatch trains: steps_per_call while that many remain before the
+    next evaluation, checkpoint or `until`, else 1."""
+    k = self.steps_per_call
+    if k <= 1:
+      return 1
+    nxt = min(until, self.num_steps)
+    if self.eval_every > 0:
+      nxt = min(nxt, (self.step // self.eval_every + 1) * self.eval_every)
+    if self.checkpoint_every > 0:
+      nxt = min(nxt, (self.step // self.checkpoint_every + 1) * self.checkpoint_every)
+    return k if nxt - self.step >= k else 1
 
   def _train_step(self) -> None:
     fed = {}
@@ -223,16 +263,22 @@ class CandidateGroup:
     alive_at_start = list(self.alive)
     stopped = False
     while self.alive and self.step < until and not stopped:
-      if not self._compiled:  # the first step after a (re)stack: its compilation, timed apart
+      k = self._chunk(until)
+      train = self._train_step if k == 1 else functools.partial(self._train_steps, k)
+      compiled = self._compiled if k == 1 else self._compiled_chunk
+      if not compiled:  # the first call of a program (after a (re)stack): its compilation, timed apart
         t0 = time.perf_counter()
-        self._train_step()
+        train()
         self._block()
         self.seconds["compile"] += time.perf_counter() - t0
         t_start += time.perf_counter() - t0
-        self._compiled = True
+        if k == 1:
+          self._compiled = True
+        else:
+          self._compiled_chunk = True
       else:
-        self._train_step()
-      self.step += 1
+        train()
+      self.step += k
       if itstime(self.step, self.eval_every, self.num_steps):
         self._evaluate()
       if self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0 and self.step < self.num_steps:
