@@ -204,6 +204,20 @@ def test_range_valid_count_equals_the_mask(lo, hi):
   assert expected.min() < expected.max()
 
 
+@pytest.mark.parametrize("lo,hi", [(0, 12), (8, 24), (16, 28)])
+def test_range_hit_mask_equals_the_compare(lo, hi):
+  """The full sampler's accidental-hit mask by a scatter equals the n x S x L compare: repeated,
+  padding (-1) and out-of-range labels, a range past num_labels."""
+  from snm_jax.mining.negatives import hit_mask, range_hit_mask  # pylint: disable=g-import-not-at-top
+  ids = np.broadcast_to(np.arange(lo, hi, dtype=np.int32), (32, hi - lo))
+  label_set = np.random.default_rng(lo).integers(-1, 30, (32, 5)).astype(np.int32)
+  label_set[0] = [lo, lo, -1, hi - 1, hi]
+  want = np.any(ids[:, :, None] == label_set[:, None, :], axis=-1)
+  np.testing.assert_array_equal(np.asarray(jax.jit(range_hit_mask)(ids, label_set)), want)
+  np.testing.assert_array_equal(np.asarray(jax.jit(hit_mask)(ids, label_set)), want)
+  assert want.any() and not want.all()
+
+
 def test_additive_sgd_update_equals_the_merged_update():
   """SGD's scatter-add fast path equals the unique + segment-sum path on
   duplicate, out-of-shard and padding ids."""

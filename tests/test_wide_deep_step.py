@@ -8,7 +8,6 @@ import pytest
 
 from experiments.configs import xmc
 from snm_jax import sharding
-from snm_jax.data.pipeline import make_global_batch
 from snm_jax.models import towers
 from snm_jax.train.config.overrides import with_overrides
 from snm_jax.train.trainer.tasks import build_task
@@ -33,7 +32,7 @@ def _three_steps(config, constant_columns):
     task = build_task(config, mesh)
     state = task.state
     for i in range(3):
-      batch = make_global_batch(next(task.batches.batcher), mesh)
+      batch = next(task.batches)
       state, metrics = task.train_step(state, batch, jax.random.fold_in(jax.random.key(1), i))
   return state, metrics
 

@@ -233,7 +233,7 @@ def base_config() -> ml_collections.ConfigDict:
   # How a group trains: vmap (the members' states stacked, one vmapped step) | serial (one compiled
   # step called per member) | auto (serial on CPU, where it measured faster; vmap on GPU / TPU).
   c.recipe.group_mode = "auto"
-  # Train steps per dispatch in serial mode: a lax.scan over that many batches (gathered on the
+  # Train steps per dispatch in serial mode: the step scanned over that many batches (gathered on the
   # devices in one call) between two evaluations or checkpoints; the rest one by one. 1 = one each.
   c.recipe.steps_per_call = 8
   # Successive halving (Jamieson & Talwalkar 2016): at the rungs train.num_steps / halving^j

@@ -82,7 +82,26 @@ class Negatives(Protocol):
 
   def valid_count(self, valid, ids_l, label_set_l): ...
 
+  # (n, S) bool: whether each scored id (ids (n, S), local_scores') is in its example's set
+  # `excluded` (n, L), padded -1 (`hit_mask`).
+  def hits(self, ids, excluded): ...
+
   def rows_to_update(self, ids_l, row_grads_l): ...
+
+
+def hit_mask(ids, excluded):
+  """(n, S) bool: ids[i, s] in excluded[i] (n, L); -1 padding matches no id. An n x S x L compare."""
+  return jnp.any(ids[:, :, None] == excluded[:, None, :], axis=-1)
+
+
+def range_hit_mask(ids, excluded):
+  """`hit_mask` for ids whose every row is one contiguous range lo, lo + 1, ... (the full
+  sampler's shard): each listed id marks its own column, an n x L scatter instead of the
+  n x S x L compare (Delicious: 512 x 984 x 32, 0.6 ms of a 14 ms wide-and-deep step)."""
+  n, s = ids.shape
+  col = excluded - ids[:, :1]
+  col = jnp.where((excluded >= 0) & (col >= 0) & (col < s), col, s)  # s: out of range, dropped
+  return jnp.zeros((n, s), bool).at[jnp.arange(n)[:, None], col].set(True, mode="drop")
 
 
 def _owned(labels_l, k_loc):
@@ -174,6 +193,9 @@ class _StratifiedNegatives:
 
   positives_in_scores = False
 
+  def hits(self, ids, excluded):
+    return hit_mask(ids, excluded)
+
   def _sample_gather(self, table_l, labels_l, example_ids_l, key, *cdf_l):
     j = jax.lax.axis_index(MODEL)
     k_loc = table_l.shape[0]
@@ -223,6 +245,9 @@ class SharedNegatives(_StratifiedNegatives):
     if self.sampler.full:  # this shard's rows in order, each once
       return range_valid_count(ids_l, label_set_l, self.num_labels)
     return shared_valid_count(ids_l, label_set_l, self.num_labels)
+
+  def hits(self, ids, excluded):
+    return range_hit_mask(ids, excluded) if self.sampler.full else hit_mask(ids, excluded)
 
   def rows_to_update(self, ids_l, row_grads_l):
     return ids_l, row_grads_l
@@ -289,6 +314,9 @@ class GlobalNegatives:
   def valid_count(self, valid, ids_l, label_set_l):
     del ids_l, label_set_l
     return jnp.sum(valid, axis=-1)
+
+  def hits(self, ids, excluded):
+    return hit_mask(ids, excluded)
 
   def rows_to_update(self, ids_l, row_grads_l):
     # Every data shard drew its own examples' negatives.

@@ -43,6 +43,7 @@ import numpy as np
 from snm_jax import sharding
 from snm_jax.data.pipeline import SparseBatcher
 from snm_jax.errors import ConfigError
+from snm_jax.mining.negatives import hit_mask
 from snm_jax.mining.retrieval import make_top_k_retrieval
 from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
@@ -74,7 +75,7 @@ def probe_batch(features, labels, size: int, mesh, *, max_nnz: int, max_labels: 
 def _exact_hard_negatives(retrieve, q, table, label_set, k):
   """(n, k) ids of the k highest-scoring non-positive labels: the top k + L of all K, positives dropped."""
   _, ids = retrieve(q, table)
-  is_pos = jnp.any(ids[:, :, None] == label_set[:, None, :], axis=-1) | (ids < 0)
+  is_pos = hit_mask(ids, label_set) | (ids < 0)
   order = jnp.argsort(is_pos, axis=-1, stable=True)  # non-positives first, in score order
   return jnp.take_along_axis(ids, order, axis=-1)[:, :k]
 
@@ -138,7 +139,7 @@ def make_diagnose(*, tower_apply: Callable, sampler, loss, mesh, normalize_class
     exact = _exact_hard_negatives(retrieve, q, table, label_set, k)
     ids = negatives.draw_and_gather(table, probe, key).ids
     ids = jnp.broadcast_to(ids, (q.shape[0], ids.shape[-1]))  # a shared draw serves every example
-    valid = (ids < num_labels) & ~jnp.any(ids[:, :, None] == label_set[:, None, :], axis=-1)
+    valid = (ids < num_labels) & ~hit_mask(ids, label_set)
     scores = jnp.where(valid, score(q, table, ids), -jnp.inf)
     top_scores, top = jax.lax.top_k(scores, min(k, ids.shape[-1]))
     mined = jnp.where(jnp.isfinite(top_scores), jnp.take_along_axis(ids, top, axis=-1), -1)
