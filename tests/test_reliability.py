@@ -182,15 +182,16 @@ def test_cli_on_a_workdir_in_use_exits_with_one_line(tmp_path):
 
 def _poison_batches_from(monkeypatch, first_bad_step: int):
   """Feeds NaN feature values from the `first_bad_step`-th batch (1-based) on."""
-  real = classification.make_global_batch
+  real = classification.GlobalBatches.to_global
   calls = {"n": 0}
 
-  def poisoned(host_batch, mesh):
+  def poisoned(self, local_batch):
     calls["n"] += 1
-    if calls["n"] >= first_bad_step:
-      host_batch = {**host_batch, "feat_vals": np.full_like(host_batch["feat_vals"], np.nan)}
-    return real(host_batch, mesh)
-  monkeypatch.setattr(classification, "make_global_batch", poisoned)
+    batch = real(self, local_batch)
+    if calls["n"] >= first_bad_step:  # (an elementwise product keeps the array's sharding)
+      batch = {**batch, "feat_vals": batch["feat_vals"] * np.float32(np.nan)}
+    return batch
+  monkeypatch.setattr(classification.GlobalBatches, "to_global", poisoned)
 
 
 def test_stop_names_the_logged_step_and_the_committed_checkpoint(tmp_path, monkeypatch):
