@@ -173,9 +173,8 @@ class CandidateGroup:
 
       self._steps = jax.jit(steps, donate_argnums=(0,))
       self.states = {n: self.tasks[n].state for n in self.names}
-      self._compiled = False
+      self._compiled = set()  # the steps per call whose program has run (1, steps_per_call)
     self.steps_per_call = steps_per_call if self.mode == "serial" else 1
-    self._compiled_chunk = False
     self._checkpointers = {}
     self._in_flight = InFlight()
     self.checkpoint_every = config.train.checkpoint_every
@@ -194,7 +193,7 @@ class CandidateGroup:
                          out_shardings=shardings)(*states)
     self._keys = jnp.stack([self._key[n] for n in self.alive])
     self._lrs = jnp.asarray([self._lr[n] for n in self.alive])
-    self._compiled = False
+    self._compiled = set()  # a new member count: the vmapped step compiles again
 
   def _member_state(self, name):
     if self.mode == "vmap":
@@ -204,14 +203,20 @@ class CandidateGroup:
   def _block(self) -> None:
     jax.block_until_ready(self.state if self.mode == "vmap" else self.states)
 
-  def _train_steps(self, k: int) -> None:
-    """k > 1 steps of every member alive (serial mode), one dispatch each: its k batches stacked on
-    a leading axis and its step scanned over them."""
+  def _next_local_batches(self, k: int) -> dict:
+    """{feeding member: its pipeline's next k batches (this process's slices)}, for the members
+    alive; members reading the same batches share their feeder's."""
     fed = {}
     for n in self.alive:
       if self._feed[n] not in fed:
         batcher = self.tasks[self._feed[n]].batches.batcher
         fed[self._feed[n]] = [next(batcher) for _ in range(k)]
+    return fed
+
+  def _train_steps(self, k: int) -> None:
+    """k > 1 steps of every member alive (serial mode), one dispatch each: its k batches stacked on
+    a leading axis and its step scanned over them."""
+    fed = self._next_local_batches(k)
     on_device = {src: self.tasks[src].batches.to_global_stacked(b) for src, b in fed.items()}
     for name in self.alive:
       self.states[name], metrics = self._steps(self.states[name], on_device[self._feed[name]],
@@ -232,10 +237,7 @@ class CandidateGroup:
     return k if nxt - self.step >= k else 1
 
   def _train_step(self) -> None:
-    fed = {}
-    for n in self.alive:
-      if self._feed[n] not in fed:
-        fed[self._feed[n]] = next(self.tasks[self._feed[n]].batches.batcher)
+    fed = {src: batches[0] for src, batches in self._next_local_batches(1).items()}
     if self.mode == "vmap":
       if any("row" in b for b in fed.values()):  # rows gathered on the devices, then stacked there
         on_device = {src: self.tasks[src].batches.to_global(b) for src, b in fed.items()}
@@ -265,17 +267,13 @@ class CandidateGroup:
     while self.alive and self.step < until and not stopped:
       k = self._chunk(until)
       train = self._train_step if k == 1 else functools.partial(self._train_steps, k)
-      compiled = self._compiled if k == 1 else self._compiled_chunk
-      if not compiled:  # the first call of a program (after a (re)stack): its compilation, timed apart
+      if k not in self._compiled:  # a program's first call (after a (re)stack): compilation, timed apart
         t0 = time.perf_counter()
         train()
         self._block()
         self.seconds["compile"] += time.perf_counter() - t0
         t_start += time.perf_counter() - t0
-        if k == 1:
-          self._compiled = True
-        else:
-          self._compiled_chunk = True
+        self._compiled.add(k)
       else:
         train()
       self.step += k
