@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from snm_jax.models import towers
 from snm_jax.models.towers import EmbeddingBag, LinearQuery, SNMTower, WideDeepQuery, l2_normalize
 
 D, HID, OUT, N, NNZ = 30, 16, 8, 64, 6
@@ -140,3 +141,27 @@ def test_dense_bag_matmul_equals_the_gather_in_values_and_gradients():
   np.testing.assert_allclose(values_dense, values_gather, atol=1e-6)
   for a, b in zip(jax.tree.leaves(grads_dense), jax.tree.leaves(grads_gather), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("flat", [True, False])
+@pytest.mark.parametrize("bias_column", [False, True])
+def test_densify_equals_the_dense_rows(monkeypatch, flat, bias_column):
+  """Padded rows -> dense rows: every nonzero in its (row, column), padding (value 0, id 0 or any)
+  adding nothing, the bias column 1. Both index forms: one flat int32 index, and the (row,
+  column) pairs used when N x width would not fit int32 (forced here by lowering the limit)."""
+  if not flat:
+    monkeypatch.setattr(towers, "FLAT_INDEX_LIMIT", 0)
+  rng = np.random.default_rng(3)
+  ids = np.zeros((N, NNZ), np.int32)
+  vals = np.zeros((N, NNZ), np.float32)
+  expected = np.zeros((N, D + int(bias_column)), np.float32)
+  for i in range(N):
+    length = i % (NNZ + 1)  # 0..NNZ real entries, the rest padding
+    cols = rng.choice(D, size=length, replace=False)
+    ids[i, :length], vals[i, :length] = cols, rng.standard_normal(length)
+    ids[i, length:] = rng.integers(0, D, NNZ - length)  # padding ids need not be 0
+    expected[i, cols] = vals[i, :length]
+  if bias_column:
+    expected[:, -1] = 1.0
+  got = jax.jit(lambda i, v: towers.densify(i, v, D, bias_column=bias_column))(ids, vals)
+  np.testing.assert_array_equal(np.asarray(got), expected)

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from snm_jax.models import precision
+from snm_jax.models.dropout import Dropout
 
 
 def l2_normalize(x, axis=-1, eps=1e-12):
@@ -56,12 +57,29 @@ def _dense_kwargs(dtype) -> dict:
           "dot_general": functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)}
 
 
+# densify's flat index is int32: (N * width) must stay below this, else (row, column) pairs.
+FLAT_INDEX_LIMIT = 2 ** 31
+
+
 def densify(feat_ids, feat_vals, num_features: int, bias_column: bool = False):
   """Padded sparse rows (N, nnz) -> dense (N, d), or (N, d + 1) ending in a 1.0 column.
-  Padding entries carry value 0 and add nothing."""
+
+  Entries of value 0 (the padding) are not added but sent out of bounds and dropped by the scatter:
+  rows are padded to the longest, so on Delicious 95% of the entries are padding, and XLA:CPU's
+  scatter skips a dropped entry at a fraction of an added one's cost. Into one flat (N * width,)
+  vector, so the scatter takes one linear index per entry rather than (row, column) pairs
+  concatenated first (on 2 CPU cores, Delicious's (512, 320) rows: 0.6 ms against 1.1 ms). Same
+  values: each (row, column) receives the same nonzeros."""
   n = feat_ids.shape[0]
-  dense = jnp.zeros((n, num_features + int(bias_column)), feat_vals.dtype)
-  dense = dense.at[jnp.arange(n)[:, None], feat_ids].add(feat_vals)
+  width = num_features + int(bias_column)
+  keep = feat_vals != 0
+  if n * width < FLAT_INDEX_LIMIT:
+    flat = jnp.where(keep, jnp.arange(n, dtype=jnp.int32)[:, None] * width + feat_ids, n * width)
+    dense = jnp.zeros((n * width,), feat_vals.dtype).at[flat.reshape(-1)].add(
+        feat_vals.reshape(-1), mode="drop").reshape(n, width)
+  else:
+    rows = jnp.where(keep, jnp.arange(n, dtype=jnp.int32)[:, None], n)
+    dense = jnp.zeros((n, width), feat_vals.dtype).at[rows, feat_ids].add(feat_vals, mode="drop")
   return dense.at[:, -1].set(1.0) if bias_column else dense
 
 
@@ -117,7 +135,7 @@ def feature_dropout(rate: float, feat_vals, train: bool):
   dropout: the expected input is unchanged). Identity when not training or at
   rate 0 (no rng drawn). Call it inside a compact method: it uses that module's "dropout"
   rng stream."""
-  return nn.Dropout(rate, deterministic=not train, name="input_dropout")(feat_vals)
+  return Dropout(rate, deterministic=not train, name="input_dropout")(feat_vals)
 
 
 class SNMTower(nn.Module):
@@ -155,7 +173,7 @@ class SNMTower(nn.Module):
     feat_vals = feature_dropout(self.feature_dropout, feat_vals, train)
     h = nn.relu(EmbeddingBag(self.num_features, self.hidden, matmul=self.bag_matmul, dtype=self.dtype,
                              name="bag")(feat_ids, feat_vals, bag_fn=bag_fn, densified=densified))
-    h = nn.Dropout(self.dropout, deterministic=not train, name="bag_dropout")(h)
+    h = Dropout(self.dropout, deterministic=not train, name="bag_dropout")(h)
     q = nn.Dense(self.out, name="proj", **_dense_kwargs(self.dtype))(h).astype(jnp.float32)
     return l2_normalize(q) if self.normalize else q
 
@@ -268,7 +286,7 @@ class MLPTower(nn.Module):
     h = feature_dropout(self.feature_dropout, x, train)
     for i in range(self.num_hidden_layers):
       h = nn.relu(nn.Dense(self.hidden, name=self.layer_name(i), **_dense_kwargs(self.dtype))(h))
-      h = nn.Dropout(self.dropout, deterministic=not train, name=f"dropout_{i}")(h)
+      h = Dropout(self.dropout, deterministic=not train, name=f"dropout_{i}")(h)
     q = nn.Dense(self.out, name=self.layer_name(self.num_hidden_layers),
                  **_dense_kwargs(self.dtype))(h).astype(jnp.float32)
     if not self.normalize:
