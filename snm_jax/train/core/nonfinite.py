@@ -26,13 +26,14 @@ def all_finite(loss_value, *trees):
 
 
 def _leaf_finite(leaf):
-  """jnp.all(jnp.isfinite(leaf)) as one reduction: x * 0 is 0 for every finite x and NaN for
+  """jnp.all(jnp.isfinite(leaf)) as one reduction: x - x is 0 for every finite x and NaN for
   NaN and +-inf, so the sum is NaN exactly when an entry is not finite (and cannot overflow).
   XLA:CPU ran the isfinite mask and its all-reduction as two passes: on a Delicious
-  wide-and-deep table (984 x 629) 0.4 ms of every step, against ~0.15 ms."""
+  wide-and-deep table (984 x 629) 0.4 ms of every step, against ~0.15 ms. (x * 0 has the same
+  values, but XLA materialised the broadcast zero inside the train step.)"""
   if not jnp.issubdtype(leaf.dtype, jnp.inexact):
     return jnp.all(jnp.isfinite(leaf))
-  return jnp.isfinite(jnp.sum(leaf * 0, dtype=jnp.float32))
+  return jnp.isfinite(jnp.sum(leaf - leaf, dtype=jnp.float32))
 
 
 def keep_if_finite(finite, new, old):
