@@ -65,7 +65,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Score with L2-normalised class rows (cosines in [-1, 1]). Unset = auto: True for snm_tower, False for
   # linear / wide_deep (True is an error there). A typed placeholder: --config.model.normalize_classes=False parses.
   c.model.normalize_classes = ml_collections.config_dict.placeholder(bool)
-  c.model.dropout = 0.0           # Dropout rate on the tower's bag output (mlp: after each hidden ReLU); training only, [0, 1).
+  c.model.dropout = 0.0           # Dropout rate on the tower's bag output (mlp: after each hidden ReLU); training only, [0, 1); the masks from 16-bit draws (8-bit when 1 - rate is a multiple of 1/256), their keep rate within 2^-17 (models/dropout.py).
   c.model.feature_dropout = 0.0   # Rate of dropping input nonzeros (mlp: input entries) in training (kept ones scaled by 1/(1-rate)), [0, 1).
   # Tower input layer: gather (cost independent of d; for large d) | dense (densified input x table: faster for d <~ 10^4).
   c.model.bag_matmul = "gather"

@@ -20,6 +20,7 @@ from snm_jax.models import precision
 from snm_jax.models.towers import l2_normalize, tower_inputs
 from snm_jax.sharding import DATA, MODEL, TABLE, named
 from snm_jax.train.runtime.host import to_host
+from snm_jax.train.runtime.inflight import InFlight
 
 REPORTED_K = (1, 3, 5)
 
@@ -225,10 +226,13 @@ class Evaluator:
     """Returns (pred (num_points, k) int ids best first, -1 if K < k;
     log-likelihood (num_points,) of each point's first label, NaN without one,
     or None unless `with_loglik`)."""
-    out, lls = [], []
+    pending = []  # per chunk: (its top-k ids, log-likelihoods or None, on the devices; valid; first)
     if self.row_labels is not None:
       table = self._permute(table, self._gather_rows)
     self.batcher.set_state({"epoch": 0, "position": 0})
+    # Chunks are dispatched ahead of reading any result back (a read per chunk stalled both host
+    # and devices), at most `InFlight`'s bound ahead: each queued chunk holds its inputs on the devices.
+    in_flight = InFlight()
     for batch in self.batcher:
       put = lambda x: jax.device_put(x, self._sharding)
       q = self.embed(params, *map(put, tower_inputs(batch)))
@@ -236,15 +240,21 @@ class Evaluator:
       if self.extra_fn is not None:
         extra = put(self.extra_fn(batch["example_id"]))
       res = self.retrieve(q, table, *(() if extra is None else (extra,)))
-      ids = to_host(res[1])
-      if self.row_labels is not None:
-        ids = np.where(ids >= 0, self.row_labels[ids], -1)
-      out.append(ids[batch["valid"]])
+      ll = first = None
       if self.with_loglik:
         first = np.asarray(batch["label_set"][:, 0])
         rows = first if self.row_of_label is None else np.where(first >= 0, self.row_of_label[first], -1)
-        ll = to_host(self._label_scores(q, table, put(rows), extra) - res[2])
-        lls.append(np.where(first >= 0, ll, np.nan)[batch["valid"]])
+        ll = self._label_scores(q, table, put(rows), extra) - res[2]
+      pending.append((res[1], ll, batch["valid"], first))
+      in_flight.add(res[1])
+    out, lls = [], []
+    for ids, ll, valid, first in pending:
+      ids = to_host(ids)
+      if self.row_labels is not None:
+        ids = np.where(ids >= 0, self.row_labels[ids], -1)
+      out.append(ids[valid])
+      if ll is not None:
+        lls.append(np.where(first >= 0, to_host(ll), np.nan)[valid])
     pred = np.concatenate(out)[:self.num_points]
     return pred, (np.concatenate(lls)[:self.num_points] if self.with_loglik else None)
 
