@@ -108,9 +108,12 @@ def test_dropout_flag_defaults_to_the_modules_rates():
 @pytest.mark.parametrize("mesh_shape", [(1, 1), (2, 4)])
 def test_dropout_changes_training_not_the_negatives_nor_evaluation(mesh_shape):
   spec = LossSpec(kind="sampled_softmax")  # every valid draw gets a gradient: touched rows show the draws
-  plain = build(mesh_shape, spec=spec)
+  # A tower wide enough that no query is all zero after dropout (with H = 8 hidden units some
+  # example's bag can be dropped entirely, which zeroes its rows' gradients and hides its draws).
+  wide = 8 * H
+  plain = build(mesh_shape, spec=spec, model=SNMTower(num_features=D, hidden=wide, out=H))
   drop = build(mesh_shape, spec=spec, dropout=True,
-               model=SNMTower(num_features=D, hidden=H, out=H, dropout=0.5, feature_dropout=0.3))
+               model=SNMTower(num_features=D, hidden=wide, out=H, dropout=0.5, feature_dropout=0.3))
   s0, m0 = plain["step"](plain["state"], plain["batch"], KEY)
   s1, m1 = drop["step"](drop["state"], drop["batch"], KEY)
   assert not np.allclose(float(m0["loss"]), float(m1["loss"]))
@@ -130,7 +133,7 @@ def test_dropout_changes_training_not_the_negatives_nor_evaluation(mesh_shape):
   embed = jax.jit(drop["model"].apply)
   e1, e2 = embed(s1.params, b["feat_ids"], b["feat_vals"]), embed(s1.params, b["feat_ids"], b["feat_vals"])
   np.testing.assert_array_equal(np.asarray(e1), np.asarray(e2))
-  no_drop = SNMTower(num_features=D, hidden=H, out=H).apply(s1.params, b["feat_ids"], b["feat_vals"])
+  no_drop = SNMTower(num_features=D, hidden=wide, out=H).apply(s1.params, b["feat_ids"], b["feat_vals"])
   np.testing.assert_allclose(np.asarray(e1), np.asarray(no_drop), atol=1e-6)
 
 
