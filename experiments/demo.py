@@ -25,7 +25,7 @@ from absl import app, flags, logging
 
 from experiments import compile_cache_flag
 from experiments.configs import default, xmc
-from snm_jax.train.runtime import quiet_logs
+from snm_jax.train.runtime import member_devices, quiet_logs
 from snm_jax.train.recipes import runs
 from snm_jax.train.runtime.plots import plot_learning_curves
 from snm_jax.train.runtime.workpath import workdir_path
@@ -65,6 +65,9 @@ def method_config(overrides):
     c.train.num_steps = flags.FLAGS.steps
   if flags.FLAGS.dataset is not None:
     c.dataset.name = flags.FLAGS.dataset
+  # One device: the process has one CPU device per core for the recipe's members (main), which
+  # mesh.shape (-1, 1) would turn into data parallelism over the cores.
+  c.mesh.shape = (1, 1)
   return c
 
 
@@ -101,6 +104,7 @@ def main(argv):
   del argv
   quiet_logs.install()
   compile_cache_flag.enable()
+  member_devices.request_cpu_devices(recipe_config())  # the recipe's members: one core each
   root = workdir_path(flags.FLAGS.workdir)  # local, or any URI etils.epath reads (gs://...)
   root.mkdir(parents=True, exist_ok=True)
   results = {}

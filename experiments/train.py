@@ -23,7 +23,7 @@ from ml_collections import config_flags
 from experiments import compile_cache_flag
 from snm_jax.errors import ConfigError, SnmJaxError
 from snm_jax.train.config import overrides, validation
-from snm_jax.train.runtime import distributed, preemption, quiet_logs
+from snm_jax.train.runtime import distributed, member_devices, preemption, quiet_logs
 from snm_jax.train.recipes import runs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file[:variant].",
@@ -94,6 +94,7 @@ def main(argv):
     _fail(_one_line(e), USAGE_ERROR)
   try:
     validation.validate(config)  # before the cluster, the data and any compilation
+    member_devices.request_cpu_devices(config)  # (a recipe: one CPU device per core, before jax starts)
     distributed.maybe_initialize(config.distributed)
     results = runs.train(config, _WORKDIR.value)
   except ConfigError as e:

@@ -265,9 +265,10 @@ def test_a_preempted_then_crashed_recipe_resumes_to_the_uninterrupted_result(uni
     recipe.run(c, workdir)
   assert not (workdir / "results.json").exists()
   saved = [p for p in (workdir / "candidates").glob("*/checkpoints/*") if p.name.isdigit()]
-  # 8 steps of the first group to the first rung, then 5 of the second: saved at steps 8 and 5,
-  # the second off the periodic grid of 4 (the notice's own checkpoint)
-  assert {int(p.name) for p in saved} == {4, 5, 8}
+  # The groups advance side by side, a step of each in turn, the notice asked after each: the 13th
+  # comes after the first group's 7th step, the second group at its 6th. Saved at steps 4 (periodic),
+  # 7 and 6, off the periodic grid of 4 (the notice's own checkpoints).
+  assert {int(p.name) for p in saved} == {4, 6, 7}
 
   from snm_jax.train.trainer import group as group_lib  # pylint: disable=g-import-not-at-top
   real_step, steps = group_lib.CandidateGroup._train_step, {"n": 0}  # pylint: disable=protected-access

@@ -134,6 +134,12 @@ def _validate_recipe(config) -> None:
   _bool("recipe.group", field_or_default(r, "group", True))
   _one_of("recipe.group_mode", field_or_default(r, "group_mode", "auto"), ("auto", "vmap", "serial"))
   _int("recipe.steps_per_call", field_or_default(r, "steps_per_call", 1), 1)
+  member_devices = field_or_default(r, "member_devices", 0)
+  _int("recipe.member_devices", member_devices, -1, note=" (-1 = one per CPU core, 0 = off)")
+  if member_devices > 0 and tuple(config.mesh.shape) not in ((-1, 1), (1, 1)):
+    raise ConfigError("recipe.member_devices", f"{member_devices} puts each member on one device, "
+                      f"which mesh.shape={tuple(config.mesh.shape)} does not: set mesh.shape=(1, 1) "
+                      "or recipe.member_devices=0")
   halving = field_or_default(r, "halving", 0)
   _int("recipe.halving", halving, 0, note=" (0 = no successive halving; else > 1)")
   if halving == 1:

@@ -127,9 +127,10 @@ def train_alone(config, workdir) -> dict:
     return out
 
 
-def train(recipe_config, members, mesh) -> dict:
+def train(recipe_config, members, mesh, slots=None) -> dict:
   """Trains (or reads back) every member [(candidate, split, config, workdir)];
-  returns {(candidate, split): results.json, {"diverged": ...} or {"eliminated": record}}."""
+  returns {(candidate, split): results.json, {"diverged": ...} or {"eliminated": record}}.
+  slots: the one-device meshes a serial group deals its members over (`member_devices`)."""
   out, pending = {}, []
   for name, split, config, workdir in members:
     done = finished(config, workdir)
@@ -151,14 +152,19 @@ def train(recipe_config, members, mesh) -> dict:
   with contextlib.ExitStack() as stack:
     for member in (m for ms in groups.values() for m in ms):
       stack.enter_context(workdir_lock(member[3]))
-    built = []
+    built, dealt = [], 0
     for group_members in groups.values():
+      # The members are dealt over the slots in turn across the groups (the groups train side by
+      # side: `group.advance_together`), each group starting where the previous one ended.
+      rotated = None if not slots else [slots[(dealt + i) % len(slots)] for i in range(len(slots))]
+      dealt += len(group_members)
       logging.info("[candidates] training %d as one program: %s", len(group_members),
                    sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
       mode = recipe_config.recipe.get("group_mode", "auto")
       g = group_lib.CandidateGroup([(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh,
                                    None if mode == "auto" else mode,
-                                   steps_per_call=recipe_config.recipe.get("steps_per_call", 1))
+                                   steps_per_call=recipe_config.recipe.get("steps_per_call", 1),
+                                   slots=rotated)
       stack.callback(g.close)  # (commits the checkpoint saves in flight, on errors too)
       built.append((group_members, g))
     watch = stack.enter_context(PreemptionWatch(recipe_config.train.get("preemption_signals", "SIGTERM")))
@@ -190,10 +196,10 @@ def _train_groups(recipe_config, members, built, out: dict, stop) -> None:
   # reaches a rung before it is ranked, and none trains past it before): its members' values now
   # are not the rung's, and its decisions stand (the members it stopped left eliminated.json).
   ranked_before = max(g.start_step for _, g in built)
+  groups = [g for _, g in built]
   for rung in rung_steps(longest.num_steps, eta, int(recipe_config.recipe.get("rungs", 1)), longest.eval_every):
-    for _, g in built:
-      if not g.advance(rung, stop):
-        _preempted(built, where)
+    if not group_lib.advance_together(groups, rung, stop):
+      _preempted(built, where)
     records = {**out, **{(n, s): g.records[f"{n}@{s}"] for ms, g in built for n, s, _, _ in ms
                          if f"{n}@{s}" in g.records}}
     _stop_diverged_siblings(built, records)
@@ -235,8 +241,10 @@ def _train_groups(recipe_config, members, built, out: dict, stop) -> None:
     for n, reason in reasons.items():
       for group_members, g in built:
         g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
+  if not group_lib.advance_together(groups, longest.num_steps, stop):
+    _preempted(built, where)
   for group_members, g in built:
-    if not g.finish(stop):
+    if not g.finish(stop):  # (trained to its train.num_steps above: its members finish)
       _preempted(built, where)
     for n, s, _, _ in group_members:
       out[(n, s)] = g.records[f"{n}@{s}"]

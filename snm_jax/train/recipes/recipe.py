@@ -51,6 +51,7 @@ from snm_jax.train.recipes import candidates as candidates_lib
 from snm_jax.train.recipes import ensemble
 from snm_jax.train.core import logit_adjust
 from snm_jax.train.runtime.host import is_writer
+from snm_jax.train.runtime import member_devices
 # AUTO, the placeholder test and the `recipe.search` parser live with the overrides (builders validates
 # recipe.search with them); parse_search is re-exported here.
 from snm_jax.train.config.overrides import AUTO, parse_search, with_overrides  # noqa: F401
@@ -329,11 +330,16 @@ def run(config, workdir) -> dict:
   # recipe.split_search "first": the candidates are trained, halved and chosen on split 0 only; the
   # chosen ones are trained on the other splits afterwards (`_train_other_splits`).
   searched = r if config.recipe.get("split_search", "all") == "all" else 1
+  slots = member_devices.member_slots(config)
+  if slots:  # one device per member: the members' (and the ensembles') mesh is one device
+    config = with_overrides(config, {"mesh.shape": (1, 1)})
+    logging.info("recipe: group members dealt over %d devices, one each: %s", len(slots),
+                 [str(m.devices.flat[0]) for m in slots])
   mesh = sharding.make_mesh(config.mesh.shape)
   members = [(name, i, _apply(config, {**fields, **split_fields(config, i)}),
               split_dir(workdir, i) / "candidates" / name) for name, _, fields in points
              for i in range(searched)]
-  trained = candidates_lib.train(config, members, mesh)
+  trained = candidates_lib.train(config, members, mesh, slots)
   table, fields_of, diverged, eliminated = [], {}, [], []
   for name, over, fields in points:
     per_split = [trained[(name, i)] for i in range(searched)]
@@ -372,7 +378,7 @@ def run(config, workdir) -> dict:
   # trained without its own held-out part), so even m = 1 is scored as an ensemble.
   if searched < r:
     ens = _ensemble_or_load(config, run_datas[:1], table, configs, workdir, max_members)
-    ens = _train_other_splits(config, run_datas, ens, fields_of, configs, workdir, mesh, record)
+    ens = _train_other_splits(config, run_datas, ens, fields_of, configs, workdir, mesh, record, slots)
     record["ensemble"] = ens
     chosen = {**chosen, "final": ens["test"]}
   elif max_members > 1 or r > 1:
@@ -408,7 +414,7 @@ def run(config, workdir) -> dict:
 
 
 def _train_other_splits(config, run_datas, ens: dict, fields_of: dict, configs: dict, workdir, mesh,
-                        record: dict) -> dict:
+                        record: dict, slots=None) -> dict:
   """recipe.split_search "first": the members of the ensemble `ens` chosen on split 0 trained on
   splits 1..r-1 (as one group per shape, no halving: nothing is chosen among them), and the
   ensemble summed over every split's models scored on test -- the result of the "all" search had
@@ -422,7 +428,7 @@ def _train_other_splits(config, run_datas, ens: dict, fields_of: dict, configs: 
     return ens  # the ensemble.json of an earlier attempt, which had finished this
   others = [(n, i, _apply(config, {**fields_of[n], **split_fields(config, i)}),
              split_dir(workdir, i) / "candidates" / n) for n in names for i in range(1, r)]
-  trained = candidates_lib.train(with_overrides(config, {"recipe.halving": 0}), others, mesh)
+  trained = candidates_lib.train(with_overrides(config, {"recipe.halving": 0}), others, mesh, slots)
   bad = [(n, i, out["diverged"]) for (n, i), out in trained.items() if "diverged" in out]
   if bad:  # the sum must hold every split's model: no silent leaving out
     raise NonFiniteLossError(f"chosen recipe members diverged on other validation splits: {bad}")

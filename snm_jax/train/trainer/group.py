@@ -83,6 +83,59 @@ def _stacked_sharding(sharding):
   return jax.NamedSharding(sharding.mesh, jax.P(None, *sharding.spec))
 
 
+def _keyed(member_step):
+  """The member step with its key folded with the state's step (a run's step keys)."""
+  def step_one(state, batch, key, lr_scale):
+    return member_step(state, batch, jax.random.fold_in(key, state.step), lr_scale)
+  return step_one
+
+
+def _serial_programs(member_step):
+  """(one step, k steps as a scan over batches stacked on a leading axis), jitted, donating the state."""
+  step_one = _keyed(member_step)
+
+  def steps(state, batches, key, lr_scale):  # batches: (k, ...) per array, k steps in order
+    return jax.lax.scan(lambda s, b: step_one(s, b, key, lr_scale), state, batches)
+
+  return jax.jit(step_one, donate_argnums=(0,)), jax.jit(steps, donate_argnums=(0,))
+
+
+def advance_together(groups, until: int, stop=None) -> bool:
+  """Advances every group in `groups` to step `until` (each to at most its train.num_steps) as
+  `CandidateGroup.advance` does, their dispatches taken in turn: one group's members may then train
+  on some devices while another's train on the others (`slots`), where one group at a time would
+  leave devices idle. A member's computation does not depend on the order. `stop()` is asked after
+  every dispatch; returns False when it ended the advance, else True.
+
+  Training seconds: the span less the compilations, evaluations and checkpoints in it; each group
+  counts the whole span (its `seconds["train"]`, steps per second while sharing the devices), each
+  member an equal share of it among the members alive at the start."""
+  t_start = time.perf_counter()
+  aside_before = sum(g._seconds_aside() for g in groups)
+  alive_at_start = [(g, list(g.alive)) for g in groups if g._training(until)]
+  compile_seconds, stopped = 0.0, False
+  active = [g for g, _ in alive_at_start]
+  while active and not stopped:
+    for g in active:
+      compile_seconds += g._advance_chunk(until)
+      stopped = stop is not None and stop()
+      if stopped:
+        break
+    active = [g for g in active if g._training(until)]
+  for g in groups:
+    if g.alive:
+      g._block()
+  # steps dispatch asynchronously: the training time is the span less what was timed apart in it
+  span = (time.perf_counter() - t_start - compile_seconds
+          - (sum(g._seconds_aside() for g in groups) - aside_before))
+  members = sum(len(names) for _, names in alive_at_start)
+  for g, names in alive_at_start:
+    g.seconds["train"] += span
+    for name in names:
+      g.member_seconds[name] += span / members
+  return not stopped
+
+
 class CandidateGroup:
   """Members [(name, config, workdir)] of one `group_key`, trained as one program.
 
@@ -93,9 +146,13 @@ class CandidateGroup:
   or stop, each member's k steps are one dispatch, a `lax.scan` of its step over k batches (the
   host's per-step work -- dispatch, batch transfer and gather -- paid once per k steps); the
   other steps one by one. The chunks follow from the step and those events alone, so a resumed
-  group cuts the same chunks as an uninterrupted one."""
+  group cuts the same chunks as an uninterrupted one.
+  slots: serial mode, a list of meshes (`member_slots`: one CPU device each) the members are dealt
+  over in turn, member i on slots[i % len(slots)], each with its own task and compiled step on its
+  slot; their programs run at once, one per device (on CPU, one per core). None: every member on
+  `mesh`. A member computes the same on any one-device slot as on a one-device `mesh`."""
 
-  def __init__(self, members, mesh, mode: str | None = None, steps_per_call: int = 1):
+  def __init__(self, members, mesh, mode: str | None = None, steps_per_call: int = 1, slots=None):
     keys = {group_key(c) for _, c, _ in members}
     if None in keys or len(keys) != 1:
       raise ConfigError("recipe", "a candidate group's members must differ only in "
@@ -108,7 +165,10 @@ class CandidateGroup:
     self.names = [n for n, _, _ in members]
     self.configs = {n: c for n, c, _ in members}
     self.workdirs = {n: workdir_path(w) for n, _, w in members}
-    self.tasks = {n: build_task(c, mesh) for n, c, _ in members}
+    slots = list(slots) if slots and self.mode == "serial" else [mesh]
+    self._slots = slots
+    self._slot = {n: i % len(slots) for i, n in enumerate(self.names)}
+    self.tasks = {n: build_task(c, slots[self._slot[n]]) for n, c, _ in members}
     # "auto" batch widths (dataset.max_nnz / max_labels = 0) follow each member's training part: pad
     # every member's batches to the widest, so all members' batches have one shape (-1 / zero
     # padding, which no loss reads).
@@ -152,13 +212,8 @@ class CandidateGroup:
     self._key = {n: jax.random.key(self.configs[n].seed + 1) for n in self.names}
     self._lr = {n: np.float32(self.configs[n].table.learning_rate) for n in self.names}
 
-    member_step = first.member_step
-
-    def step_one(state, batch, key, lr_scale):
-      return member_step(state, batch, jax.random.fold_in(key, state.step), lr_scale)
-
     if self.mode == "vmap":
-      self._vstep = jax.jit(jax.vmap(step_one), donate_argnums=(0,))
+      self._vstep = jax.jit(jax.vmap(_keyed(first.member_step)), donate_argnums=(0,))
       # The members' global batches stacked on a leading axis, placed as make_stacked_global_batch's.
       self._stack = jax.jit(lambda bs: jax.tree.map(lambda *x: jnp.stack(x), *bs),
                             out_shardings=jax.NamedSharding(mesh, jax.P(None, DATA)))
@@ -166,12 +221,13 @@ class CandidateGroup:
                            out_shardings=self.member_shardings)
       self._restack([self.tasks[n].state for n in self.names])
     else:
-      self._step_one = jax.jit(step_one, donate_argnums=(0,))
-
-      def steps(state, batches, key, lr_scale):  # batches: (k, ...) per array, k steps in order
-        return jax.lax.scan(lambda s, b: step_one(s, b, key, lr_scale), state, batches)
-
-      self._steps = jax.jit(steps, donate_argnums=(0,))
+      # One program per slot, built from the step of a member on it (the step's shardings name
+      # its slot's mesh); a member's learning rate and key are inputs, so any member can run it.
+      programs = {}
+      for name in self.names:
+        if self._slot[name] not in programs:
+          programs[self._slot[name]] = _serial_programs(self.tasks[name].member_step)
+      self._programs = {n: programs[self._slot[n]] for n in self.names}
       self.states = {n: self.tasks[n].state for n in self.names}
       self._compiled = set()  # the steps per call whose program has run (1, steps_per_call)
     self.steps_per_call = steps_per_call if self.mode == "serial" else 1
@@ -213,14 +269,24 @@ class CandidateGroup:
         fed[self._feed[n]] = [next(batcher) for _ in range(k)]
     return fed
 
+  def _placed(self, fed: dict, place) -> dict:
+    """{(feeding member, slot): `place(that slot's batches, its feeder's local batches)`}: each
+    batch placed once on each slot a member reading it trains on, by the first such member's
+    task (members of one feeder hold the same data)."""
+    out = {}
+    for name in self.alive:
+      key = (self._feed[name], self._slot[name])
+      if key not in out:
+        out[key] = place(self.tasks[name].batches, fed[self._feed[name]])
+    return out
+
   def _train_steps(self, k: int) -> None:
     """k > 1 steps of every member alive (serial mode), one dispatch each: its k batches stacked on
     a leading axis and its step scanned over them."""
-    fed = self._next_local_batches(k)
-    on_device = {src: self.tasks[src].batches.to_global_stacked(b) for src, b in fed.items()}
+    on_device = self._placed(self._next_local_batches(k), lambda b, local: b.to_global_stacked(local))
     for name in self.alive:
-      self.states[name], metrics = self._steps(self.states[name], on_device[self._feed[name]],
-                                               self._key[name], self._lr[name])
+      self.states[name], metrics = self._programs[name][1](
+          self.states[name], on_device[(self._feed[name], self._slot[name])], self._key[name], self._lr[name])
       self._in_flight.add(metrics)
 
   def _chunk(self, until: int) -> int:
@@ -248,49 +314,48 @@ class CandidateGroup:
       self.state, metrics = self._vstep(self.state, batch, self._keys, self._lrs)
       self._in_flight.add(metrics)
       return
-    on_device = {src: self.tasks[src].batches.to_global(b) for src, b in fed.items()}
+    on_device = self._placed(fed, lambda b, local: b.to_global(local))
     for name in self.alive:  # independent programs: each member's step counts against the bound
-      self.states[name], metrics = self._step_one(self.states[name], on_device[self._feed[name]],
-                                                  self._key[name], self._lr[name])
+      self.states[name], metrics = self._programs[name][0](
+          self.states[name], on_device[(self._feed[name], self._slot[name])], self._key[name], self._lr[name])
       self._in_flight.add(metrics)
 
   # ---- training ---------------------------------------------------------------------------
   def advance(self, until: int, stop=None) -> bool:
     """Trains the members still alive up to step `until` (at most train.num_steps), evaluating
     validation every train.eval_every steps and checkpointing every train.checkpoint_every; a
-    member out of `train.patience` or diverged stops. `stop()`, asked after every step (a
+    member out of `train.patience` or diverged stops. `stop()`, asked after every dispatch (a
     preemption notice), ends it early: returns False then, else True."""
-    until = min(until, self.num_steps)
-    t_start, aside_before = time.perf_counter(), self._seconds_aside()
-    alive_at_start = list(self.alive)
-    stopped = False
-    while self.alive and self.step < until and not stopped:
-      k = self._chunk(until)
-      train = self._train_step if k == 1 else functools.partial(self._train_steps, k)
-      if k not in self._compiled:  # a program's first call (after a (re)stack): compilation, timed apart
-        t0 = time.perf_counter()
-        train()
-        self._block()
-        self.seconds["compile"] += time.perf_counter() - t0
-        t_start += time.perf_counter() - t0
-        self._compiled.add(k)
-      else:
-        train()
-      self.step += k
-      if itstime(self.step, self.eval_every, self.num_steps):
-        self._evaluate()
-      if self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0 and self.step < self.num_steps:
-        self.checkpoint()  # (a member at train.num_steps finishes instead)
-      stopped = stop is not None and stop()
-    if self.alive:
+    return advance_together([self], until, stop)
+
+  def _until(self, until: int) -> int:
+    return min(until, self.num_steps)
+
+  def _training(self, until: int) -> bool:
+    return bool(self.alive) and self.step < self._until(until)
+
+  def _advance_chunk(self, until: int) -> float:
+    """One dispatch of the members alive (`_chunk` steps each), then the evaluation and the
+    checkpoint due at the step reached. Returns the seconds spent compiling (a program's first
+    call, timed apart: it runs to completion before the next dispatch)."""
+    k = self._chunk(self._until(until))
+    train = self._train_step if k == 1 else functools.partial(self._train_steps, k)
+    compile_seconds = 0.0
+    if k not in self._compiled:  # a program's first call (after a (re)stack): compilation, timed apart
+      t0 = time.perf_counter()
+      train()
       self._block()
-    # steps dispatch asynchronously: the training time is the span less the evaluations and
-    # checkpoints in it, shared equally by the members that trained in it
-    span = time.perf_counter() - t_start - (self._seconds_aside() - aside_before)
-    self.seconds["train"] += span
-    for name in alive_at_start:
-      self.member_seconds[name] += span / len(alive_at_start)
-    return not stopped
+      compile_seconds = time.perf_counter() - t0
+      self.seconds["compile"] += compile_seconds
+      self._compiled.add(k)
+    else:
+      train()
+    self.step += k
+    if itstime(self.step, self.eval_every, self.num_steps):
+      self._evaluate()
+    if self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0 and self.step < self.num_steps:
+      self.checkpoint()  # (a member at train.num_steps finishes instead)
+    return compile_seconds
 
   def _seconds_aside(self) -> float:
     return self.seconds["evaluate"] + self.seconds["checkpoint"]
@@ -491,12 +556,13 @@ class CandidateGroup:
         wall_seconds=time.perf_counter() - self.t_start,
         nonfinite_steps=int(to_host(last_state.nonfinite_steps)), truncation=task.batches.stats,
         final=final, selected=selection_record(progress, self.step, self.select_metric, last),
-        history=progress.history, mesh=self.mesh, startup_seconds=self.seconds["build"],
+        history=progress.history, mesh=self._slots[self._slot[name]], startup_seconds=self.seconds["build"],
         compile_seconds=self.seconds["compile"],
         steady_steps_per_second=((self.step - self.start_step) / self.seconds["train"]
                                  if self.seconds["train"] > 0 else None),
         state=last_state if config.train.fingerprint else None,
-        group={"members": self.names, "mode": self.mode, "seconds": dict(self.seconds)})
+        group={"members": self.names, "mode": self.mode, "devices": len(self._slots),
+               "seconds": dict(self.seconds)})
     self.records[name] = results
     if is_writer():
       write_text(workdir / "results.json", json.dumps(results, indent=2, sort_keys=True))

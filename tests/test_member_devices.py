@@ -1,0 +1,126 @@
+"""A recipe's members dealt over one-device meshes (snm_jax/train/runtime/member_devices.py,
+`CandidateGroup(slots=...)`, `group.advance_together`): each member trains on its own device to
+the same bits as on one shared device, and the rules for when a recipe spreads its members."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import xmc
+from snm_jax import sharding
+from snm_jax.errors import ConfigError
+from snm_jax.train.config import validation
+from snm_jax.train.config.overrides import with_overrides
+from snm_jax.train.runtime import member_devices
+from snm_jax.train.trainer import group as group_lib
+from tests.test_candidate_group import member_configs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _groups(tmp_path, slots):
+  """Two candidate groups (the three members of test_candidate_group, and two of another batch
+  size) on one-device meshes, dealt over `slots` as `recipes.candidates.train` deals them."""
+  shapes = {"a": {n: with_overrides(c, {"mesh.shape": (1, 1)}) for n, c in member_configs().items()},
+            "b": {n: with_overrides(c, {"mesh.shape": (1, 1), "train.batch_size": 32})
+                  for n, c in list(member_configs().items())[:2]}}
+  groups, dealt = [], 0
+  for shape, configs in shapes.items():
+    rotated = None if slots is None else [slots[(dealt + i) % len(slots)] for i in range(len(slots))]
+    dealt += len(configs)
+    groups.append(group_lib.CandidateGroup([(f"{shape}_{n}", c, tmp_path / shape / n) for n, c in configs.items()],
+                                           sharding.make_mesh((1, 1)), mode="serial", steps_per_call=3,
+                                           slots=rotated))
+  return groups
+
+
+def _devices(state):
+  return {d for leaf in jax.tree.leaves(state) for d in leaf.devices()}
+
+
+def test_members_on_their_own_devices_train_to_the_same_bits(tmp_path):
+  slots = [sharding.make_mesh((1, 1), devices=[d]) for d in jax.devices()[:2]]
+  shared = _groups(tmp_path / "shared", None)
+  spread = _groups(tmp_path / "spread", slots)
+  for groups in (shared, spread):
+    assert group_lib.advance_together(groups, 16)  # side by side, interleaved
+  # dealt in turn across the groups: a0 a1 a2 | b0 b1 -> devices 0 1 0 | 1 0
+  where = {n: _devices(g.states[n]) for g in spread for n in g.alive}
+  assert where == {"a_lr_x1": {jax.devices()[0]}, "a_lr_x2": {jax.devices()[1]},
+                   "a_split_1": {jax.devices()[0]}, "b_lr_x1": {jax.devices()[1]},
+                   "b_lr_x2": {jax.devices()[0]}}
+  assert all(_devices(g.states[n]) == {jax.devices()[0]} for g in shared for n in g.alive)
+  for one, each in zip(shared, spread):
+    assert one.step == each.step == 16
+    for name in one.alive:
+      assert one.best_value(name) == each.best_value(name), name
+      leaves_one = jax.tree.leaves(jax.device_get(one.states[name]))
+      leaves_each = jax.tree.leaves(jax.device_get(each.states[name]))
+      assert all(np.array_equal(a, b) for a, b in zip(leaves_one, leaves_each)), name
+  # the members differ, so the equality above is not vacuous
+  a = spread[0]
+  assert not np.array_equal(jax.device_get(a.states["a_lr_x1"].table), jax.device_get(a.states["a_lr_x2"].table))
+  for g in shared + spread:
+    g.close()
+
+
+def _recipe(**over):
+  return with_overrides(xmc.get_config("synthetic,runlocal"), over)
+
+
+def test_member_slots_rules():
+  cores = member_devices.usable_cores()
+  auto = member_devices.member_slots(_recipe())
+  if min(cores, jax.local_device_count()) >= 2:  # the tests' 8 CPU devices: one slot per core
+    assert len(auto) == min(cores, jax.local_device_count())
+    assert [m.devices.flat[0] for m in auto] == jax.local_devices()[:len(auto)]
+    assert all(m.devices.size == 1 for m in auto)
+  else:
+    assert auto is None
+  assert member_devices.member_slots(_recipe(**{"recipe.member_devices": 0})) is None
+  assert member_devices.member_slots(_recipe(**{"mesh.shape": (1, 2)})) is None  # a model axis: no
+  assert member_devices.member_slots(_recipe(**{"recipe.name": ""})) is None      # not a recipe
+  three = member_devices.member_slots(_recipe(**{"recipe.member_devices": 3}))
+  assert [m.devices.flat[0] for m in three] == jax.devices()[:3]
+  with pytest.raises(ConfigError, match="recipe.member_devices.*9 devices asked for"):
+    member_devices.member_slots(_recipe(**{"recipe.member_devices": 9}))
+
+
+def test_member_devices_is_validated():
+  with pytest.raises(ConfigError, match="recipe.member_devices"):
+    validation.validate(_recipe(**{"recipe.member_devices": -2}))
+  with pytest.raises(ConfigError, match="recipe.member_devices.*mesh.shape"):
+    validation.validate(_recipe(**{"recipe.member_devices": 2, "mesh.shape": (2, 1)}))
+  validation.validate(_recipe(**{"recipe.member_devices": 2, "mesh.shape": (1, 1)}))
+
+
+_PROBE = """
+import jax
+from experiments.configs import xmc
+from snm_jax.train.config.overrides import with_overrides
+from snm_jax.train.runtime import member_devices
+config = xmc.get_config("synthetic,runlocal")
+if {plain}:
+  config = with_overrides(config, {{"recipe.name": ""}})
+print(member_devices.request_cpu_devices(config), len(jax.devices()))
+"""
+
+
+@pytest.mark.parametrize("plain,force,expected", [
+    (False, None, "cores"),   # a recipe: one CPU device per core
+    (True, None, "one"),      # a plain run: jax's default, one CPU device
+    (False, 3, "forced"),     # XLA_FLAGS chose the count: left as it is
+])
+def test_request_cpu_devices_in_a_fresh_process(plain, force, expected):
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  if force:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={force}"
+  out = subprocess.run([sys.executable, "-c", _PROBE.format(plain=plain)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, check=True).stdout.split()
+  cores = member_devices.usable_cores()
+  want = {"cores": (cores if cores >= 2 else 0, max(cores, 1)), "one": (0, 1), "forced": (0, 3)}[expected]
+  assert (int(out[0]), int(out[1])) == want
