@@ -74,11 +74,10 @@ def build_groups(configs: dict, root: str, slots) -> list:
   mesh = sharding.make_mesh((1, 1))
   groups, dealt = [], 0
   for members in by_key.values():
-    rotated = None if slots is None else [slots[(dealt + i) % len(slots)] for i in range(len(slots))]
-    dealt += len(members)
     groups.append(group_lib.CandidateGroup(members, mesh, mode="serial",
                                            steps_per_call=xmc.get_config().recipe.steps_per_call,
-                                           slots=rotated))
+                                           slots=slots, first_slot=dealt))
+    dealt += len(members)
   return groups
 
 

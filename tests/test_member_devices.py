@@ -30,11 +30,10 @@ def _groups(tmp_path, slots):
                   for n, c in list(member_configs().items())[:2]}}
   groups, dealt = [], 0
   for shape, configs in shapes.items():
-    rotated = None if slots is None else [slots[(dealt + i) % len(slots)] for i in range(len(slots))]
-    dealt += len(configs)
     groups.append(group_lib.CandidateGroup([(f"{shape}_{n}", c, tmp_path / shape / n) for n, c in configs.items()],
                                            sharding.make_mesh((1, 1)), mode="serial", steps_per_call=3,
-                                           slots=rotated))
+                                           slots=slots, first_slot=dealt))
+    dealt += len(configs)
   return groups
 
 
@@ -64,6 +63,32 @@ def test_members_on_their_own_devices_train_to_the_same_bits(tmp_path):
   # the members differ, so the equality above is not vacuous
   a = spread[0]
   assert not np.array_equal(jax.device_get(a.states["a_lr_x1"].table), jax.device_get(a.states["a_lr_x2"].table))
+
+  # A rung stops a_lr_x2: dealt again in turn across the groups, group a takes devices {0, 1}, where
+  # a_lr_x1 stays (0) and a_split_1 moves (0 -> 1), group b {0, 1}, where both stay; every member
+  # still trains to the same bits.
+  for groups in (shared, spread):
+    groups[0].drop(["a_lr_x2"], {"rule": "test"})
+    dealt = 0
+    for g in groups:
+      dealt += g.redeal(dealt)
+    assert group_lib.advance_together(groups, 24)
+  where = {n: _devices(g.states[n]) for g in spread for n in g.alive}
+  assert where == {"a_lr_x1": {jax.devices()[0]}, "a_split_1": {jax.devices()[1]},
+                   "b_lr_x1": {jax.devices()[1]}, "b_lr_x2": {jax.devices()[0]}}
+  for one, each in zip(shared, spread):
+    assert one.step == each.step == 24
+    for name in one.alive:
+      assert one.best_value(name) == each.best_value(name), name
+      assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(jax.device_get(one.states[name])),
+                                                      jax.tree.leaves(jax.device_get(each.states[name])))), name
+  for one, each in zip(shared, spread):
+    one.finish()
+    each.finish()
+    for name in one.names:
+      metrics = [{k: v for k, v in g.records[name].get("final", {}).items() if k != "eval_seconds"}
+                 for g in (one, each)]
+      assert metrics[0] == metrics[1], name
   for g in shared + spread:
     g.close()
 

@@ -156,15 +156,14 @@ def train(recipe_config, members, mesh, slots=None) -> dict:
     for group_members in groups.values():
       # The members are dealt over the slots in turn across the groups (the groups train side by
       # side: `group.advance_together`), each group starting where the previous one ended.
-      rotated = None if not slots else [slots[(dealt + i) % len(slots)] for i in range(len(slots))]
-      dealt += len(group_members)
       logging.info("[candidates] training %d as one program: %s", len(group_members),
                    sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
       mode = recipe_config.recipe.get("group_mode", "auto")
       g = group_lib.CandidateGroup([(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh,
                                    None if mode == "auto" else mode,
                                    steps_per_call=recipe_config.recipe.get("steps_per_call", 1),
-                                   slots=rotated)
+                                   slots=slots, first_slot=dealt)
+      dealt += len(group_members)
       stack.callback(g.close)  # (commits the checkpoint saves in flight, on errors too)
       built.append((group_members, g))
     watch = stack.enter_context(PreemptionWatch(recipe_config.train.get("preemption_signals", "SIGTERM")))
@@ -241,6 +240,9 @@ def _train_groups(recipe_config, members, built, out: dict, stop) -> None:
     for n, reason in reasons.items():
       for group_members, g in built:
         g.drop([f"{m}@{s}" for m, s, _, _ in group_members if m == n and f"{m}@{s}" in g.alive], reason)
+    dealt = 0  # the members the rung kept dealt over the devices again, in turn across the groups
+    for _, g in built:
+      dealt += g.redeal(dealt)
   if not group_lib.advance_together(groups, longest.num_steps, stop):
     _preempted(built, where)
   for group_members, g in built:

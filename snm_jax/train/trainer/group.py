@@ -148,11 +148,13 @@ class CandidateGroup:
   other steps one by one. The chunks follow from the step and those events alone, so a resumed
   group cuts the same chunks as an uninterrupted one.
   slots: serial mode, a list of meshes (`member_slots`: one CPU device each) the members are dealt
-  over in turn, member i on slots[i % len(slots)], each with its own task and compiled step on its
-  slot; their programs run at once, one per device (on CPU, one per core). None: every member on
+  over in turn, member i on slots[(first_slot + i) % len(slots)], each with its own task and
+  compiled step on its slot; their programs run at once, one per device (on CPU, one per core).
+  `redeal` deals the members still training again (after others stopped). None: every member on
   `mesh`. A member computes the same on any one-device slot as on a one-device `mesh`."""
 
-  def __init__(self, members, mesh, mode: str | None = None, steps_per_call: int = 1, slots=None):
+  def __init__(self, members, mesh, mode: str | None = None, steps_per_call: int = 1, slots=None,
+               first_slot: int = 0):
     keys = {group_key(c) for _, c, _ in members}
     if None in keys or len(keys) != 1:
       raise ConfigError("recipe", "a candidate group's members must differ only in "
@@ -167,7 +169,7 @@ class CandidateGroup:
     self.workdirs = {n: workdir_path(w) for n, _, w in members}
     slots = list(slots) if slots and self.mode == "serial" else [mesh]
     self._slots = slots
-    self._slot = {n: i % len(slots) for i, n in enumerate(self.names)}
+    self._slot = {n: (first_slot + i) % len(slots) for i, n in enumerate(self.names)}
     self.tasks = {n: build_task(c, slots[self._slot[n]]) for n, c, _ in members}
     # "auto" batch widths (dataset.max_nnz / max_labels = 0) follow each member's training part: pad
     # every member's batches to the widest, so all members' batches have one shape (-1 / zero
@@ -184,6 +186,8 @@ class CandidateGroup:
     self._feed = {n: first_of.setdefault((int(self.configs[n].seed),
                                           self.configs[n].dataset.to_json_best_effort(sort_keys=True)), n)
                   for n in self.names}
+    # The feeders' pipelines, kept when a member moves to another slot (`_move`: a new task there).
+    self._feeders = {n: self.tasks[n].batches for n in set(self._feed.values())}
     first = self.tasks[self.names[0]]
     if first.member_step is None:
       raise ConfigError("mining.num_samples_schedule", "a growing sample size trains alone")
@@ -223,11 +227,11 @@ class CandidateGroup:
     else:
       # One program per slot, built from the step of a member on it (the step's shardings name
       # its slot's mesh); a member's learning rate and key are inputs, so any member can run it.
-      programs = {}
+      self._slot_programs = {}
       for name in self.names:
-        if self._slot[name] not in programs:
-          programs[self._slot[name]] = _serial_programs(self.tasks[name].member_step)
-      self._programs = {n: programs[self._slot[n]] for n in self.names}
+        if self._slot[name] not in self._slot_programs:
+          self._slot_programs[self._slot[name]] = _serial_programs(self.tasks[name].member_step)
+      self._programs = {n: self._slot_programs[self._slot[n]] for n in self.names}
       self.states = {n: self.tasks[n].state for n in self.names}
       self._compiled = set()  # the steps per call whose program has run (1, steps_per_call)
     self.steps_per_call = steps_per_call if self.mode == "serial" else 1
@@ -265,7 +269,7 @@ class CandidateGroup:
     fed = {}
     for n in self.alive:
       if self._feed[n] not in fed:
-        batcher = self.tasks[self._feed[n]].batches.batcher
+        batcher = self._feeders[self._feed[n]].batcher
         fed[self._feed[n]] = [next(batcher) for _ in range(k)]
     return fed
 
@@ -403,7 +407,7 @@ class CandidateGroup:
       return
     feeding = {self._feed[n] for n in names}
     for source in {self._feed[n] for n in self.alive} - feeding:  # pipelines no member reads any more
-      self.tasks[source].batches.close()  # (their threads; the others' pipelines never started)
+      self._feeders[source].close()  # (their threads; the others' pipelines never started)
     if self.mode == "serial":
       self.states = {n: self.states[n] for n in names}
       self.alive = list(names)
@@ -423,6 +427,43 @@ class CandidateGroup:
                 "best_step": self.progress[name].best_step, "select_metric": self.select_metric}
       self._leave(name, "eliminated.json", record, {"eliminated": record})
     self._keep([n for n in self.alive if n not in names])
+
+  def redeal(self, first_slot: int = 0) -> int:
+    """Serial mode with slots: the members still training dealt over the slots again, so the ones
+    a rung kept do not crowd one device: the m members take slots (first_slot + i) % len(slots),
+    i < m, those already on one of these slots staying there, the others moving (`_move`).
+    Returns m."""
+    if self.mode == "serial" and len(self._slots) > 1:
+      free = [(first_slot + i) % len(self._slots) for i in range(len(self.alive))]
+      movers = []
+      for name in self.alive:
+        if self._slot[name] in free:
+          free.remove(self._slot[name])
+        else:
+          movers.append(name)
+      for name, slot in zip(movers, free):
+        self._move(name, slot)
+    return len(self.alive)
+
+  def _move(self, name, slot: int) -> None:
+    """Member `name` onto slot `slot`: a task of its config built there (its batches as wide as the
+    group's), its state and selected state copied there, the slot's program for its steps. Its
+    pipeline, if it feeds members, stays where it is (`_feeders`): the batches are host arrays."""
+    t0 = time.perf_counter()
+    task = build_task(self.configs[name], self._slots[slot])
+    for attr in ("max_nnz", "max_labels"):
+      setattr(task.batches.batcher, attr, getattr(self.tasks[name].batches.batcher, attr))
+    shardings = jax.tree.map(lambda x: x.sharding, task.state)
+    self.states[name] = jax.device_put(self.states[name], shardings)
+    if name in self.best:
+      self.best[name] = jax.device_put(self.best[name], shardings)
+    self.tasks[name], self._slot[name] = task, slot
+    if slot not in self._slot_programs:  # its first member: the slot's programs compile on first use
+      self._slot_programs[slot] = _serial_programs(task.member_step)
+      self._compiled = set()
+    self._programs[name] = self._slot_programs[slot]
+    self.seconds["build"] += time.perf_counter() - t0
+    logging.info("[candidates] %s moved to %s", name, self._slots[slot].devices.flat[0])
 
   def _diverged(self, name, message: str) -> None:
     logging.warning("[candidate %s] diverged, left out: %s", name, message)
@@ -467,7 +508,7 @@ class CandidateGroup:
       state = self._member_state(name)
       points = self.best_points.get(name)
       ckpt.save(self.step, {"state": state, "best": self.best.get(name, state)}, {
-          "iterator": self.tasks[self._feed[name]].batches.get_state(),
+          "iterator": self._feeders[self._feed[name]].get_state(),
           "progress": {**self.progress[name].to_json(), "train_seconds": self.member_seconds[name]},
           "best_points": None if points is None else {"dtype": np.asarray(points).dtype.str,
                                                       "values": np.asarray(points).tolist()}})
@@ -521,7 +562,7 @@ class CandidateGroup:
         self.best_points[name] = np.asarray(data["best_points"]["values"],
                                             np.dtype(data["best_points"]["dtype"]))
       if self._feed[name] == name:
-        self.tasks[name].batches.set_state(data["iterator"])
+        self._feeders[name].set_state(data["iterator"])
       if self.mode == "serial":
         self.states[name] = pair["state"]
     if self.mode == "vmap":
