@@ -595,7 +595,8 @@ class CandidateGroup:
     results = run_results(
         info=task.info, steps=self.step, train_seconds=train_seconds,
         wall_seconds=time.perf_counter() - self.t_start,
-        nonfinite_steps=int(to_host(last_state.nonfinite_steps)), truncation=task.batches.stats,
+        nonfinite_steps=int(to_host(last_state.nonfinite_steps)),
+        truncation=self._feeders.get(name, task.batches).stats,  # (a moved feeder's pipeline)
         final=final, selected=selection_record(progress, self.step, self.select_metric, last),
         history=progress.history, mesh=self._slots[self._slot[name]], startup_seconds=self.seconds["build"],
         compile_seconds=self.seconds["compile"],
