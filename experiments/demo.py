@@ -56,7 +56,7 @@ PEER_ROWS = {"pecos_xrlinear": "PECOS XR-Linear", "napkinxc_plt": "napkinXC PLT"
              "ovr_linearsvc_valC": "one-vs-rest LinearSVC (C on validation)"}
 
 
-def method_config(overrides):
+def method_config(overrides, one_device: bool = False):
   c = default.get_config()
   for key, value in overrides.items():
     section, field = key.split(".")
@@ -65,9 +65,10 @@ def method_config(overrides):
     c.train.num_steps = flags.FLAGS.steps
   if flags.FLAGS.dataset is not None:
     c.dataset.name = flags.FLAGS.dataset
-  # One device: the process has one CPU device per core for the recipe's members (main), which
-  # mesh.shape (-1, 1) would turn into data parallelism over the cores.
-  c.mesh.shape = (1, 1)
+  if one_device:
+    # The process has one CPU device per core for the recipe's members (main), which mesh.shape
+    # (-1, 1) would turn into data parallelism over the cores.
+    c.mesh.shape = (1, 1)
   return c
 
 
@@ -104,12 +105,12 @@ def main(argv):
   del argv
   quiet_logs.install()
   compile_cache_flag.enable()
-  member_devices.request_cpu_devices(recipe_config())  # the recipe's members: one core each
+  core_devices = member_devices.request_cpu_devices(recipe_config())  # the recipe's members: one core each
   root = workdir_path(flags.FLAGS.workdir)  # local, or any URI etils.epath reads (gs://...)
   root.mkdir(parents=True, exist_ok=True)
   results = {}
   for name, overrides in METHODS.items():
-    results[name] = runs.run_or_load(method_config(overrides),
+    results[name] = runs.run_or_load(method_config(overrides, one_device=core_devices > 0),
                                      root / name.replace(" ", "_").replace("-", ""), name)
   results[RECIPE] = runs.run_or_load(recipe_config(), root / "xmc_recipe", RECIPE)
   dataset = next(iter(results.values()))["dataset"]

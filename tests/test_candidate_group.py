@@ -59,7 +59,7 @@ def runs(request, alone, tmp_path_factory):
   # The two rates read the same batches: one pipeline feeds both (the other split has its own).
   assert group._feed == {"lr_x1": "lr_x1", "lr_x2": "lr_x1", "split_1": "split_1"}  # pylint: disable=protected-access
   group.finish()
-  assert group._compiled == ({1} if steps_per_call == 1 else {1, steps_per_call})  # pylint: disable=protected-access
+  assert group._compiled == ({(0, 1)} if steps_per_call == 1 else {(0, 1), (0, steps_per_call)})  # pylint: disable=protected-access
   together = {n: json.loads((root / "group" / n / "results.json").read_text()) for n in configs}
   return root, alone[0], configs, alone[1], together
 
@@ -221,7 +221,8 @@ RECIPE = {"dataset.synthetic.num_labels": 64, "dataset.synthetic.num_train": 800
           "dataset.synthetic.num_test": 100, "dataset.synthetic.dim": 16,
           "recipe.search": "model.kind=linear,wide_deep;table.learning_rate*=1,2", "recipe.ensemble": 2,
           "recipe.halving": 2, "recipe.rungs": 2, "recipe.drop_behind_z": 1.0, "recipe.evaluations": 10,
-          "train.checkpoint_every": 4, "train.fingerprint": True, "mesh.shape": (1, 1)}
+          "train.checkpoint_every": 4, "train.fingerprint": True, "mesh.shape": (1, 1),
+          "recipe.member_devices": 2}  # (two of the 8 test devices: the groups advance side by side)
 
 
 def recipe_config():

@@ -149,3 +149,59 @@ def test_request_cpu_devices_in_a_fresh_process(plain, force, expected):
   cores = member_devices.usable_cores()
   want = {"cores": (cores if cores >= 2 else 0, max(cores, 1)), "one": (0, 1), "forced": (0, 3)}[expected]
   assert (int(out[0]), int(out[1])) == want
+
+
+def _one_device_group(root, slots, names=None, first_slot=0):
+  configs = {n: with_overrides(c, {"mesh.shape": (1, 1)}) for n, c in member_configs().items()
+             if names is None or n in names}
+  return group_lib.CandidateGroup([(n, c, root / n) for n, c in configs.items()], sharding.make_mesh((1, 1)),
+                                  mode="serial", steps_per_call=3, slots=slots, first_slot=first_slot)
+
+
+def _leaves(state):
+  return jax.tree.leaves(jax.device_get(state))
+
+
+def test_a_moved_member_checkpoints_and_resumes_to_the_same_bits(tmp_path):
+  """Trained, one member dropped and the rest dealt again (split_1 moves to device 1), checkpointed at
+  step 20, resumed by a group dealt the other way round: at step 32 every state, selected state and
+  test metric equals those of a group that never left device 0."""
+  slots = [sharding.make_mesh((1, 1), devices=[d]) for d in jax.devices()[:2]]
+  ref, moved = _one_device_group(tmp_path / "ref", None), _one_device_group(tmp_path / "moved", slots)
+  for g in (ref, moved):
+    assert group_lib.advance_together([g], 16)
+    g.drop(["lr_x2"], {"rule": "test"})
+    g.redeal(0)
+  assert moved._slot == {"lr_x1": 0, "lr_x2": 1, "split_1": 1}  # pylint: disable=protected-access
+  assert _devices(moved.states["split_1"]) == {jax.devices()[1]}
+  assert moved.tasks["split_1"].state is None  # the new task's initial state is not kept
+  assert group_lib.advance_together([moved], 20)
+  moved.checkpoint()
+  moved.wait()
+  moved.close()
+  resumed = _one_device_group(tmp_path / "moved", slots, names=("lr_x1", "split_1"), first_slot=1)
+  assert resumed.step == 20
+  assert _devices(resumed.states["lr_x1"]) == {jax.devices()[1]}
+  for g in (ref, resumed):
+    assert group_lib.advance_together([g], 32)
+  for name in resumed.alive:
+    assert ref.best_value(name) == resumed.best_value(name), name
+    for a, b in ((ref.states[name], resumed.states[name]), (ref.best[name], resumed.best[name])):
+      assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b))), name
+  ref.finish()
+  resumed.finish()
+  for name in resumed.names:
+    metrics = [{k: v for k, v in g.records[name]["final"].items() if k != "eval_seconds"} for g in (ref, resumed)]
+    assert metrics[0] == metrics[1], name
+  ref.close()
+  resumed.close()
+
+
+def test_members_are_spread_only_over_serial_groups():
+  for over in ({"recipe.group_mode": "vmap"}, {"recipe.group": False}):
+    assert member_devices.member_slots(_recipe(**over)) is None, over
+    with pytest.raises(ConfigError, match="recipe.member_devices.*serial candidate groups"):
+      validation.validate(_recipe(**{**over, "recipe.member_devices": 2}))
+  # a mesh with a model axis: auto asks for no CPU devices at all (none would be used)
+  assert member_devices._wanted(_recipe(**{"mesh.shape": (1, -1)})) == 0  # pylint: disable=protected-access
+  assert member_devices._wanted(_recipe()) == -1  # pylint: disable=protected-access

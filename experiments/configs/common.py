@@ -236,10 +236,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Train steps per dispatch in serial mode: the step scanned over that many batches (gathered on the
   # devices in one call) between two evaluations or checkpoints; the rest one by one. 1 = one each.
   c.recipe.steps_per_call = 8
-  # Devices the members of a serial group are dealt over, one member per device at a time, each on a
-  # one-device mesh (snm_jax/train/runtime/member_devices.py). -1 (auto): on the CPU backend in one
-  # process, one per core (experiments.train gives the process one CPU device per core), with
-  # mesh.shape (-1, 1) or (1, 1); 0: every member on the config's mesh; n: the first n devices.
+  # Devices the members of serial groups are dealt over, each on a one-device mesh, the groups side by
+  # side (snm_jax/train/runtime/member_devices.py). -1 (auto): on the CPU backend in one process, one
+  # per core (experiments.train gives the process one CPU device per core), with mesh.shape (-1, 1)
+  # or (1, 1); 0: every member on the config's mesh; n: the first n devices (serial groups only).
   c.recipe.member_devices = -1
   # Successive halving (Jamieson & Talwalkar 2016): at the rungs train.num_steps / halving^j
   # (j = rungs..1) only the best ceil(n / halving) candidates by validation so far (at least

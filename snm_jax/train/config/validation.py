@@ -140,6 +140,11 @@ def _validate_recipe(config) -> None:
     raise ConfigError("recipe.member_devices", f"{member_devices} puts each member on one device, "
                       f"which mesh.shape={tuple(config.mesh.shape)} does not: set mesh.shape=(1, 1) "
                       "or recipe.member_devices=0")
+  if member_devices > 0 and (not field_or_default(r, "group", True)
+                             or field_or_default(r, "group_mode", "auto") == "vmap"):
+    raise ConfigError("recipe.member_devices", f"{member_devices} devices are dealt to the members of "
+                      "serial candidate groups, which recipe.group=False / recipe.group_mode=vmap do "
+                      "not have: set recipe.member_devices=0 or -1")
   halving = field_or_default(r, "halving", 0)
   _int("recipe.halving", halving, 0, note=" (0 = no successive halving; else > 1)")
   if halving == 1:

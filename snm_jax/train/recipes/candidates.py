@@ -167,7 +167,7 @@ def train(recipe_config, members, mesh, slots=None) -> dict:
       stack.callback(g.close)  # (commits the checkpoint saves in flight, on errors too)
       built.append((group_members, g))
     watch = stack.enter_context(PreemptionWatch(recipe_config.train.get("preemption_signals", "SIGTERM")))
-    _train_groups(recipe_config, members, built, out, watch.reached)
+    _train_groups(recipe_config, members, built, out, watch.reached, side_by_side=bool(slots))
   return out
 
 
@@ -182,7 +182,16 @@ def _preempted(built, where) -> None:
   raise Preempted(step, where)
 
 
-def _train_groups(recipe_config, members, built, out: dict, stop) -> None:
+def _advance(groups, until: int, stop, side_by_side: bool) -> bool:
+  """Every group to step `until`: side by side (`group.advance_together`: their members on
+  several devices) or one group after the other (on one device, where nothing would overlap and
+  each group's training seconds stay its own). False when `stop()` ended it."""
+  if side_by_side:
+    return group_lib.advance_together(groups, until, stop)
+  return all(g.advance(until, stop) for g in groups)  # (all() stops at the first False)
+
+
+def _train_groups(recipe_config, members, built, out: dict, stop, side_by_side: bool = False) -> None:
   """Advances the groups `built` [(members, CandidateGroup)] rung by rung, halving at each, then
   finishes them; their members' records go into `out`."""
   where = built[0][1].workdirs[built[0][1].names[0]].parent
@@ -197,7 +206,7 @@ def _train_groups(recipe_config, members, built, out: dict, stop) -> None:
   ranked_before = max(g.start_step for _, g in built)
   groups = [g for _, g in built]
   for rung in rung_steps(longest.num_steps, eta, int(recipe_config.recipe.get("rungs", 1)), longest.eval_every):
-    if not group_lib.advance_together(groups, rung, stop):
+    if not _advance(groups, rung, stop, side_by_side):
       _preempted(built, where)
     records = {**out, **{(n, s): g.records[f"{n}@{s}"] for ms, g in built for n, s, _, _ in ms
                          if f"{n}@{s}" in g.records}}
@@ -243,7 +252,7 @@ def _train_groups(recipe_config, members, built, out: dict, stop) -> None:
     dealt = 0  # the members the rung kept dealt over the devices again, in turn across the groups
     for _, g in built:
       dealt += g.redeal(dealt)
-  if not group_lib.advance_together(groups, longest.num_steps, stop):
+  if not _advance(groups, longest.num_steps, stop, side_by_side):
     _preempted(built, where)
   for group_members, g in built:
     if not g.finish(stop):  # (trained to its train.num_steps above: its members finish)

@@ -36,11 +36,24 @@ def usable_cores() -> int:
 
 
 def _wanted(config) -> int:
-  """How many member devices `config` asks for: 0 = none, -1 = one per core."""
+  """How many member devices `config` asks for: 0 = none, -1 = one per core. 0 also when its
+  groups would not deal members over devices (only serial groups do: `recipe.group` off, or
+  `recipe.group_mode` vmap) and, for -1, when its mesh is not one device per member."""
   recipe = config.get("recipe")
   if recipe is None or not recipe.get("name", ""):
     return 0
-  return int(recipe.get("member_devices", 0))
+  wanted = int(recipe.get("member_devices", 0))
+  if not recipe.get("group", True) or recipe.get("group_mode", "auto") == "vmap":
+    return 0  # (validation refuses an explicit count then)
+  if wanted < 0 and tuple(config.mesh.shape) not in ONE_DEVICE_SHAPES:
+    return 0
+  return wanted
+
+
+def _cpu_platform_possible() -> bool:
+  """False when jax_platforms (JAX_PLATFORMS) names platforms and cpu is not the first of them."""
+  platforms = jax.config.jax_platforms or ""
+  return not platforms or platforms.split(",")[0].strip() == "cpu"
 
 
 def request_cpu_devices(config) -> int:
@@ -49,7 +62,7 @@ def request_cpu_devices(config) -> int:
   count already (XLA_FLAGS' --xla_force_host_platform_device_count, jax_num_cpu_devices). Call it
   before any jax computation. Returns the count set, 0 when it left it."""
   wanted = _wanted(config)
-  if wanted == 0 or wants_distributed(config.distributed):
+  if wanted == 0 or wants_distributed(config.distributed) or (wanted < 0 and not _cpu_platform_possible()):
     return 0
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or jax.config.jax_num_cpu_devices != -1):
@@ -76,8 +89,7 @@ def member_slots(config) -> list | None:
   if wanted == 0:
     return None
   if wanted < 0:
-    if (jax.default_backend() != "cpu" or jax.process_count() > 1
-        or tuple(config.mesh.shape) not in ONE_DEVICE_SHAPES):
+    if jax.default_backend() != "cpu" or jax.process_count() > 1:
       return None
     devices = jax.local_devices()[:usable_cores()]
   else:

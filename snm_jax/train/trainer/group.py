@@ -233,7 +233,7 @@ class CandidateGroup:
           self._slot_programs[self._slot[name]] = _serial_programs(self.tasks[name].member_step)
       self._programs = {n: self._slot_programs[self._slot[n]] for n in self.names}
       self.states = {n: self.tasks[n].state for n in self.names}
-      self._compiled = set()  # the steps per call whose program has run (1, steps_per_call)
+      self._compiled = set()  # the (slot, steps per call) whose program has run
     self.steps_per_call = steps_per_call if self.mode == "serial" else 1
     self._checkpointers = {}
     self._in_flight = InFlight()
@@ -345,13 +345,14 @@ class CandidateGroup:
     k = self._chunk(self._until(until))
     train = self._train_step if k == 1 else functools.partial(self._train_steps, k)
     compile_seconds = 0.0
-    if k not in self._compiled:  # a program's first call (after a (re)stack): compilation, timed apart
+    programs = {(self._slot[n], k) for n in self.alive}  # (slot, steps per call) of each dispatch
+    if not programs <= self._compiled:  # a program's first call (after a (re)stack): timed apart
       t0 = time.perf_counter()
       train()
       self._block()
       compile_seconds = time.perf_counter() - t0
       self.seconds["compile"] += compile_seconds
-      self._compiled.add(k)
+      self._compiled |= programs
     else:
       train()
     self.step += k
@@ -454,13 +455,15 @@ class CandidateGroup:
     for attr in ("max_nnz", "max_labels"):
       setattr(task.batches.batcher, attr, getattr(self.tasks[name].batches.batcher, attr))
     shardings = jax.tree.map(lambda x: x.sharding, task.state)
+    for leaf in jax.tree.leaves(task.state):  # (the new task's initial state: only its shardings count)
+      leaf.delete()
+    task.state = None
     self.states[name] = jax.device_put(self.states[name], shardings)
     if name in self.best:
       self.best[name] = jax.device_put(self.best[name], shardings)
     self.tasks[name], self._slot[name] = task, slot
     if slot not in self._slot_programs:  # its first member: the slot's programs compile on first use
       self._slot_programs[slot] = _serial_programs(task.member_step)
-      self._compiled = set()
     self._programs[name] = self._slot_programs[slot]
     self.seconds["build"] += time.perf_counter() - t0
     logging.info("[candidates] %s moved to %s", name, self._slots[slot].devices.flat[0])
@@ -596,7 +599,7 @@ class CandidateGroup:
         info=task.info, steps=self.step, train_seconds=train_seconds,
         wall_seconds=time.perf_counter() - self.t_start,
         nonfinite_steps=int(to_host(last_state.nonfinite_steps)),
-        truncation=self._feeders.get(name, task.batches).stats,  # (a moved feeder's pipeline)
+        truncation=self._feeders[self._feed[name]].stats,  # (the pipeline whose batches it read)
         final=final, selected=selection_record(progress, self.step, self.select_metric, last),
         history=progress.history, mesh=self._slots[self._slot[name]], startup_seconds=self.seconds["build"],
         compile_seconds=self.seconds["compile"],
