@@ -33,7 +33,7 @@ from benchmarks import common  # noqa: E402
 from experiments.configs import xmc  # noqa: E402
 from snm_jax import sharding  # noqa: E402
 from snm_jax.train.config.overrides import with_overrides  # noqa: E402
-from snm_jax.train.recipes import recipe  # noqa: E402
+from snm_jax.train.recipes import candidates, recipe  # noqa: E402
 from snm_jax.train.trainer import group as group_lib  # noqa: E402
 from snm_jax.train.trainer.run_data import load_run_data  # noqa: E402
 
@@ -65,20 +65,14 @@ def member_configs(dataset: str, names: list[str] | None) -> dict:
   return out
 
 
-def build_groups(configs: dict, root: str, slots) -> list:
-  """The candidate groups of `configs` (one per shape), members dealt over `slots` in turn across
-  the groups as `recipes.candidates.train` deals them (None: all on one device)."""
+def build_groups(dataset: str, configs: dict, root: str, slots) -> list:
+  """The candidate groups of `configs` (one per shape) as `recipes.candidates.train` builds them,
+  members dealt over `slots` (None: all on one device)."""
   by_key = {}
   for name, config in configs.items():
-    by_key.setdefault(group_lib.group_key(config), []).append((name, config, f"{root}/{name}"))
-  mesh = sharding.make_mesh((1, 1))
-  groups, dealt = [], 0
-  for members in by_key.values():
-    groups.append(group_lib.CandidateGroup(members, mesh, mode="serial",
-                                           steps_per_call=xmc.get_config().recipe.steps_per_call,
-                                           slots=slots, first_slot=dealt))
-    dealt += len(members)
-  return groups
+    by_key.setdefault(group_lib.group_key(config), []).append((name, 0, config, f"{root}/{name}"))
+  return [g for _, g in candidates.build_groups(xmc.get_config(dataset), by_key.values(),
+                                                sharding.make_mesh((1, 1)), slots)]
 
 
 def time_case(dataset: str, names, rounds: int) -> dict:
@@ -87,8 +81,8 @@ def time_case(dataset: str, names, rounds: int) -> dict:
   steps = EVALUATIONS_PER_ROUND * eval_every
   slots = [sharding.make_mesh((1, 1), devices=[d]) for d in jax.local_devices()]
   with tempfile.TemporaryDirectory(prefix="snm_jax_member_devices_") as tmp:
-    variants = {"one_device": build_groups(configs, f"{tmp}/one", None),
-                "device_each": build_groups(configs, f"{tmp}/each", slots)}
+    variants = {"one_device": build_groups(dataset, configs, f"{tmp}/one", None),
+                "device_each": build_groups(dataset, configs, f"{tmp}/each", slots)}
     for groups in variants.values():  # compilation, then a warm round
       group_lib.advance_together(groups, groups[0].step + steps)
     times = {v: [] for v in variants}

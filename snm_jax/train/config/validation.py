@@ -18,6 +18,7 @@ from snm_jax.train.config.builders import (COSINE_KINDS, DECAYS, DENSE_KINDS, FI
                                            make_loss_spec, resolve_normalize_classes, sparse_input_table)
 from snm_jax.train.config.overrides import AUTO, RENAMED_FIELDS, check_renamed, is_auto, parse_search
 from snm_jax.train.core import logit_adjust
+from snm_jax.train.runtime.member_devices import ONE_DEVICE_SHAPES
 
 
 
@@ -136,7 +137,7 @@ def _validate_recipe(config) -> None:
   _int("recipe.steps_per_call", field_or_default(r, "steps_per_call", 1), 1)
   member_devices = field_or_default(r, "member_devices", 0)
   _int("recipe.member_devices", member_devices, -1, note=" (-1 = one per CPU core, 0 = off)")
-  if member_devices > 0 and tuple(config.mesh.shape) not in ((-1, 1), (1, 1)):
+  if member_devices > 0 and tuple(config.mesh.shape) not in ONE_DEVICE_SHAPES:
     raise ConfigError("recipe.member_devices", f"{member_devices} puts each member on one device, "
                       f"which mesh.shape={tuple(config.mesh.shape)} does not: set mesh.shape=(1, 1) "
                       "or recipe.member_devices=0")

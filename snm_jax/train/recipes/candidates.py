@@ -152,23 +152,29 @@ def train(recipe_config, members, mesh, slots=None) -> dict:
   with contextlib.ExitStack() as stack:
     for member in (m for ms in groups.values() for m in ms):
       stack.enter_context(workdir_lock(member[3]))
-    built, dealt = [], 0
-    for group_members in groups.values():
-      # The members are dealt over the slots in turn across the groups (the groups train side by
-      # side: `group.advance_together`), each group starting where the previous one ended.
-      logging.info("[candidates] training %d as one program: %s", len(group_members),
-                   sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
-      mode = recipe_config.recipe.get("group_mode", "auto")
-      g = group_lib.CandidateGroup([(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh,
-                                   None if mode == "auto" else mode,
-                                   steps_per_call=recipe_config.recipe.get("steps_per_call", 1),
-                                   slots=slots, first_slot=dealt)
-      dealt += len(group_members)
+    built = []
+    for group_members, g in build_groups(recipe_config, groups.values(), mesh, slots):
       stack.callback(g.close)  # (commits the checkpoint saves in flight, on errors too)
       built.append((group_members, g))
     watch = stack.enter_context(PreemptionWatch(recipe_config.train.get("preemption_signals", "SIGTERM")))
     _train_groups(recipe_config, members, built, out, watch.reached, side_by_side=bool(slots))
   return out
+
+
+def build_groups(recipe_config, groups, mesh, slots=None):
+  """Yields (members, CandidateGroup) for each list of members [(candidate, split, config,
+  workdir)] in `groups`, built as `recipe_config` asks (recipe.group_mode, recipe.steps_per_call).
+  With `slots`, the members are dealt over them in turn across the groups (which then train side by
+  side: `group.advance_together`), each group starting where the previous one ended."""
+  mode = recipe_config.recipe.get("group_mode", "auto")
+  dealt = 0
+  for group_members in groups:
+    logging.info("[candidates] training %d as one program: %s", len(group_members),
+                 sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
+    yield group_members, group_lib.CandidateGroup(
+        [(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh, None if mode == "auto" else mode,
+        steps_per_call=recipe_config.recipe.get("steps_per_call", 1), slots=slots, first_slot=dealt)
+    dealt += len(group_members)
 
 
 def _preempted(built, where) -> None:

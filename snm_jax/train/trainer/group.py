@@ -83,6 +83,12 @@ def _stacked_sharding(sharding):
   return jax.NamedSharding(sharding.mesh, jax.P(None, *sharding.spec))
 
 
+def _set_widths(batcher, widths: dict) -> None:
+  """The group's batch widths ({"max_nnz": ..., "max_labels": ...}) on one member's batcher."""
+  for attr, width in widths.items():
+    setattr(batcher, attr, width)
+
+
 def _keyed(member_step):
   """The member step with its key folded with the state's step (a run's step keys)."""
   def step_one(state, batch, key, lr_scale):
@@ -175,10 +181,9 @@ class CandidateGroup:
     # every member's batches to the widest, so all members' batches have one shape (-1 / zero
     # padding, which no loss reads).
     batchers = [self.tasks[n].batches.batcher for n in self.names]
-    for attr in ("max_nnz", "max_labels"):
-      widest = max(getattr(b, attr) for b in batchers)
-      for b in batchers:
-        setattr(b, attr, widest)
+    self._widths = {attr: max(getattr(b, attr) for b in batchers) for attr in ("max_nnz", "max_labels")}
+    for b in batchers:
+      _set_widths(b, self._widths)
     # Members with the same seed and dataset section (the learning-rate variants of one validation
     # split) read the same batches: each such batch is built once, by the first one's pipeline (the
     # others' pipelines are never started), and fed to all of them.
@@ -452,8 +457,7 @@ class CandidateGroup:
     pipeline, if it feeds members, stays where it is (`_feeders`): the batches are host arrays."""
     t0 = time.perf_counter()
     task = build_task(self.configs[name], self._slots[slot])
-    for attr in ("max_nnz", "max_labels"):
-      setattr(task.batches.batcher, attr, getattr(self.tasks[name].batches.batcher, attr))
+    _set_widths(task.batches.batcher, self._widths)
     shardings = jax.tree.map(lambda x: x.sharding, task.state)
     for leaf in jax.tree.leaves(task.state):  # (the new task's initial state: only its shardings count)
       leaf.delete()
