@@ -203,12 +203,29 @@ def retrieval_recall_at_r(pred, true_label, r_max: int) -> np.ndarray:
     pred: (N, >= r_max) int predicted ids, best first.
     true_label: (N,) int, one label per pair.
   """
-  pred = _as_pred(pred, r_max)
+  return recall_curve(first_hit_rank(pred, true_label, r_max), r_max)
+
+
+def first_hit_rank(pred, true_label, r_max: int) -> np.ndarray:
+  """(N,) int: the 0-based rank of each pair's label y in its top r_max predictions `pred`
+  (N, >= r_max), r_max where it is not among them."""
+  pred = np.asarray(pred)
+  if pred.ndim != 2 or pred.shape[1] < r_max:
+    raise ValueError(f"pred: expected shape (N, >= r_max={r_max}), got {pred.shape}")
   true_label = np.asarray(true_label).reshape(-1)
   if true_label.shape[0] != pred.shape[0]:
     raise ValueError(f"true_label: {true_label.shape[0]} entries, pred has {pred.shape[0]} rows")
-  hit = np.cumsum(pred == true_label[:, None], axis=1) > 0
-  return np.mean(hit, axis=0)
+  hit = pred[:, :r_max] == true_label[:, None]
+  return np.where(hit.any(axis=1), np.argmax(hit, axis=1), r_max)
+
+
+def recall_curve(ranks, r_max: int) -> np.ndarray:
+  """(r_max,) float64: the fraction of the pairs whose `first_hit_rank` is below r, r = 1..r_max
+  (a cumulative count of the ranks, not an (N, r_max) cumulative sum)."""
+  ranks = np.asarray(ranks).reshape(-1)
+  if ranks.size == 0:
+    return np.full(r_max, np.nan)
+  return np.cumsum(np.bincount(ranks, minlength=r_max + 1)[:r_max]) / ranks.size
 
 
 def average_precision(scores, relevance) -> float:

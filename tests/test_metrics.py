@@ -123,6 +123,17 @@ def test_retrieval_recall_vs_sklearn_top_k_accuracy():
   np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+def test_recall_curve_counts_first_hits_as_the_cumulative_sum_does():
+  rng = np.random.default_rng(5)
+  pred = rng.integers(0, 30, size=(400, 12))  # repeated ids and labels absent from the top 12
+  y = rng.integers(0, 30, size=400)
+  ranks = metrics.first_hit_rank(pred, y, 9)
+  assert ranks.min() >= 0 and ranks.max() == 9 and (ranks < 9).any()
+  want = np.mean(np.cumsum(pred[:, :9] == y[:, None], axis=1) > 0, axis=0)
+  np.testing.assert_array_equal(metrics.recall_curve(ranks, 9), want)
+  np.testing.assert_array_equal(metrics.retrieval_recall_at_r(pred, y, 9), want)
+
+
 def test_average_precision_vs_sklearn_including_ties():
   rng = np.random.default_rng(3)
   per_query = []

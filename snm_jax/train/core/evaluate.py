@@ -329,13 +329,12 @@ def retrieval_metrics(pred: np.ndarray, labels: sp.csr_matrix, train_label_count
   labels = sp.csr_matrix(labels)
   rows = np.repeat(np.arange(labels.shape[0]), np.diff(labels.indptr))
   pair_labels = labels.indices
-  pair_pred = pred[rows]
   r_max = min(r_max, pred.shape[1])
-  out = {"recall@r": metrics.retrieval_recall_at_r(pair_pred, pair_labels, r_max).tolist()}
+  ranks = metrics.first_hit_rank(pred[rows, :r_max], pair_labels, r_max)
+  out = {"recall@r": metrics.recall_curve(ranks, r_max).tolist()}
   masks = metrics.subpopulation_masks(train_label_counts, pair_labels)
   for name, mask in masks.items():
     if mask.any():
-      out[f"recall@r/{name}"] = metrics.retrieval_recall_at_r(
-          pair_pred[mask], pair_labels[mask], r_max).tolist()
+      out[f"recall@r/{name}"] = metrics.recall_curve(ranks[mask], r_max).tolist()
       out[f"num_pairs/{name}"] = int(mask.sum())
   return out

@@ -114,10 +114,18 @@ def build(config, mesh) -> Task:
     # A group member's rate is an input: its schedule at rate 1, scaled (make_train_step's `member`).
     table_lr = builders.make_table_schedule(
         with_overrides(config, {"table.learning_rate": 1.0}) if member else config)
+    # A member's step names no device: its shard_maps take the mesh's abstract shape and its
+    # constants are host arrays, so the devices come from the arguments. A candidate group then
+    # traces and lowers it once for all its one-device slots (`runtime.member_devices`), each slot
+    # paying only XLA's compilation (a persistent-cache load when warm).
+    step_mesh = mesh.abstract_mesh if member else mesh
+    step_table = (input_table if input_table is None or not member
+                  else dataclasses.replace(input_table, mesh=step_mesh))
     return make_train_step(tower_apply=tower.apply, tx=tx, row_opt=row_opt,
                            table_lr=table_lr, sampler=b_sampler, loss=loss,
-                           mesh=mesh, normalize_classes=normalize_classes, stratum_cdf=cdf_dev,
-                           table_rows=table_rows, max_traces=1, input_table=input_table,
+                           mesh=step_mesh, normalize_classes=normalize_classes,
+                           stratum_cdf=cdf if member else cdf_dev,
+                           table_rows=table_rows, max_traces=1, input_table=step_table,
                            compute_dtype=builders.compute_dtype(config),
                            table_rounding=builders.table_rounding(config), member=member)
 

@@ -230,13 +230,10 @@ class CandidateGroup:
                            out_shardings=self.member_shardings)
       self._restack([self.tasks[n].state for n in self.names])
     else:
-      # One program per slot, built from the step of a member on it (the step's shardings name
-      # its slot's mesh); a member's learning rate and key are inputs, so any member can run it.
-      self._slot_programs = {}
-      for name in self.names:
-        if self._slot[name] not in self._slot_programs:
-          self._slot_programs[self._slot[name]] = _serial_programs(self.tasks[name].member_step)
-      self._programs = {n: self._slot_programs[self._slot[n]] for n in self.names}
+      # One program pair for every member on every slot: a member's learning rate and key are
+      # inputs, and the member step names no device (`classification.build`), so it is traced and
+      # lowered once; each slot it runs on compiles it once (`_compiled`).
+      self._programs = _serial_programs(first.member_step)
       self.states = {n: self.tasks[n].state for n in self.names}
       self._compiled = set()  # the (slot, steps per call) whose program has run
     self.steps_per_call = steps_per_call if self.mode == "serial" else 1
@@ -294,7 +291,7 @@ class CandidateGroup:
     a leading axis and its step scanned over them."""
     on_device = self._placed(self._next_local_batches(k), lambda b, local: b.to_global_stacked(local))
     for name in self.alive:
-      self.states[name], metrics = self._programs[name][1](
+      self.states[name], metrics = self._programs[1](
           self.states[name], on_device[(self._feed[name], self._slot[name])], self._key[name], self._lr[name])
       self._in_flight.add(metrics)
 
@@ -325,7 +322,7 @@ class CandidateGroup:
       return
     on_device = self._placed(fed, lambda b, local: b.to_global(local))
     for name in self.alive:  # independent programs: each member's step counts against the bound
-      self.states[name], metrics = self._programs[name][0](
+      self.states[name], metrics = self._programs[0](
           self.states[name], on_device[(self._feed[name], self._slot[name])], self._key[name], self._lr[name])
       self._in_flight.add(metrics)
 
@@ -453,7 +450,7 @@ class CandidateGroup:
 
   def _move(self, name, slot: int) -> None:
     """Member `name` onto slot `slot`: a task of its config built there (its batches as wide as the
-    group's), its state and selected state copied there, the slot's program for its steps. Its
+    group's), its state and selected state copied there (the group's programs run on any slot). Its
     pipeline, if it feeds members, stays where it is (`_feeders`): the batches are host arrays."""
     t0 = time.perf_counter()
     task = build_task(self.configs[name], self._slots[slot])
@@ -466,9 +463,6 @@ class CandidateGroup:
     if name in self.best:
       self.best[name] = jax.device_put(self.best[name], shardings)
     self.tasks[name], self._slot[name] = task, slot
-    if slot not in self._slot_programs:  # its first member: the slot's programs compile on first use
-      self._slot_programs[slot] = _serial_programs(task.member_step)
-    self._programs[name] = self._slot_programs[slot]
     self.seconds["build"] += time.perf_counter() - t0
     logging.info("[candidates] %s moved to %s", name, self._slots[slot].devices.flat[0])
 
