@@ -205,3 +205,35 @@ def test_members_are_spread_only_over_serial_groups():
   # a mesh with a model axis: auto asks for no CPU devices at all (none would be used)
   assert member_devices._wanted(_recipe(**{"mesh.shape": (1, -1)})) == 0  # pylint: disable=protected-access
   assert member_devices._wanted(_recipe()) == -1  # pylint: disable=protected-access
+
+
+def test_one_member_step_and_program_serve_every_slot_and_later_groups():
+  """The member step names no device: built once for equal settings (up to the grouped fields) on
+  equal data, it runs on any one-device slot, and a later group of such members (the recipe's
+  other validation splits) reuses the programs an earlier one compiled."""
+  from snm_jax.train.trainer import tasks
+  configs = {n: with_overrides(c, {"mesh.shape": (1, 1)}) for n, c in member_configs().items()}
+  meshes = [sharding.make_mesh((1, 1), devices=[d]) for d in jax.devices()[:2]]
+  built = [tasks.build_task(c, m) for c, m in zip(configs.values(), meshes + meshes[:1])]
+  assert built[0].member_step is built[1].member_step is built[2].member_step  # lr, split, device
+  other = tasks.build_task(with_overrides(configs["lr_x1"], {"loss.logit_scale": 2.0}), meshes[0])
+  assert other.member_step is not built[0].member_step
+  assert group_lib._serial_programs(built[0].member_step) is group_lib._serial_programs(built[2].member_step)
+  # the step of a member on device 1, run through the program traced for device 0, stays there
+  step_one, _ = group_lib._serial_programs(built[0].member_step)
+  batch = built[1].batches.to_global(next(built[1].batches.batcher))
+  new, _ = step_one(built[1].state, batch, jax.random.key(1), np.float32(1.0))
+  assert _devices(new) == {jax.devices()[1]} and int(new.step) == 1
+
+
+def test_split_batch_widths_are_the_widest_auto_widths_of_the_splits():
+  from snm_jax.data.pipeline import SparseBatcher
+  from snm_jax.train.recipes import recipe
+  from snm_jax.train.trainer.run_data import load_run_data
+  config = member_configs()["lr_x1"]
+  datas = [load_run_data(with_overrides(config, recipe.split_fields(config, i))) for i in range(3)]
+  auto = [SparseBatcher(d.train.features, d.train.labels, None, global_batch_size=8) for d in datas]
+  assert recipe.split_batch_widths(config, datas) == {
+      "dataset.max_nnz": max(b.max_nnz for b in auto), "dataset.max_labels": max(b.max_labels for b in auto)}
+  fixed = with_overrides(config, {"dataset.max_nnz": 40})
+  assert recipe.split_batch_widths(fixed, datas) == {"dataset.max_labels": max(b.max_labels for b in auto)}

@@ -42,9 +42,11 @@ import dataclasses
 import json
 
 import numpy as np
+import scipy.sparse as sp
 from absl import logging
 
 from snm_jax.data.datasets import num_nonzero
+from snm_jax.data.pipeline import choose_max_nnz
 from snm_jax.errors import ConfigError, NonFiniteLossError
 from snm_jax import sharding
 from snm_jax.train.recipes import candidates as candidates_lib
@@ -301,6 +303,21 @@ def split_fields(config, i: int) -> dict:
   return {"dataset.validation_seed": int(config.dataset.validation_seed) + i}
 
 
+def split_batch_widths(config, run_datas) -> dict:
+  """The batch widths left "auto" (dataset.max_nnz / max_labels = 0) fixed to the widest of the
+  validation splits' training parts, each found as the input pipeline's "auto" finds it: what a
+  group holding every split's members pads to (padding changes no value). The chosen candidates
+  trained on the other splits after the search on split 0 (recipe.split_search "first") then have
+  split 0's batch shapes, and run the programs split 0's groups compiled."""
+  out = {}
+  if not int(config.dataset.max_nnz) and all(sp.issparse(rd.train.features) for rd in run_datas):
+    out["dataset.max_nnz"] = max(choose_max_nnz(np.diff(rd.train.features.indptr)) for rd in run_datas)
+  if not int(config.dataset.max_labels):
+    out["dataset.max_labels"] = max(choose_max_nnz(np.diff(sp.csr_matrix(rd.train.labels).indptr))
+                                    for rd in run_datas)
+  return out
+
+
 def split_dir(workdir, i: int):
   """Where split i's candidates live: workdir itself for split 0 (the one-split layout, so a
   single-split recipe's candidates are reused as split 0), workdir/splits/<i> for the others."""
@@ -325,6 +342,9 @@ def run(config, workdir) -> dict:
   # splits; the training part's size, hence every derived field, is the same on each).
   run_datas = [run_data] + [load_run_data(with_overrides(config, split_fields(config, i)))
                             for i in range(1, r)]
+  if r > 1:
+    widths = split_batch_widths(config, run_datas)
+    config, derived = with_overrides(config, widths), {**derived, **widths}
   logging.info("recipe %s on %s: %s; derived %s; %d validation split(s)", config.recipe.name,
                run_data.source, stats, derived, r)
   # recipe.split_search "first": the candidates are trained, halved and chosen on split 0 only; the

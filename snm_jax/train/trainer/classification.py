@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import time
 
 import jax
@@ -35,6 +36,38 @@ from snm_jax.train.core.input_table import input_table_rows, split_params
 from snm_jax.train.trainer.run_data import load_run_data
 from snm_jax.train.core.step import SparseInputTrainState, TrainState, make_train_step
 from snm_jax.train.core.task import Task
+
+
+# The fields the runs of one candidate group (`snm_jax.train.trainer.group`) may differ in: the
+# member step takes them as inputs (the table's learning rate, the step keys of `seed`), or they
+# change only which rows are trained on (the validation split), never what the step computes.
+GROUPED_FIELDS = ("table.learning_rate", "seed", "dataset.validation_seed")
+
+# Member steps built for equal settings (up to GROUPED_FIELDS), data and mesh shape are one function,
+# so a later group of such members (the recipe's other validation splits) reuses the programs an
+# earlier one traced, lowered and compiled (`group._serial_programs` caches them per step).
+_MEMBER_STEPS: collections.OrderedDict = collections.OrderedDict()
+_MEMBER_STEPS_KEPT = 8
+
+
+def _member_step_key(config, run_data, mesh):
+  """What a member step depends on, or None (a fitted tree sampler: built from the data's draw)."""
+  if config.mining.sampler == "tree":
+    return None
+  counts = hashlib.sha1(np.ascontiguousarray(run_data.label_counts).tobytes()).hexdigest()
+  return (json_without(config, GROUPED_FIELDS), mesh.abstract_mesh, run_data.num_features,
+          run_data.num_labels, counts)
+
+
+def _cached_member_step(key, build):
+  if key is None:
+    return build()
+  if key not in _MEMBER_STEPS:
+    _MEMBER_STEPS[key] = build()
+    while len(_MEMBER_STEPS) > _MEMBER_STEPS_KEPT:
+      _MEMBER_STEPS.popitem(last=False)
+  _MEMBER_STEPS.move_to_end(key)
+  return _MEMBER_STEPS[key]
 
 
 class GlobalBatches:
@@ -131,7 +164,9 @@ def build(config, mesh) -> Task:
 
   train_step = sample_schedule.phased_step(schedule, train_step_for)
   # One phase (no mining.num_samples_schedule): the step a candidate group vmaps (trainer/group.py).
-  member_step = train_step_for(schedule[0][1], member=True) if len(schedule) == 1 else None
+  member_step = (_cached_member_step(_member_step_key(config, run_data, mesh),
+                                     lambda: train_step_for(schedule[0][1], member=True))
+                 if len(schedule) == 1 else None)
 
   # This process's block of the global batch under the mesh (not jax.process_index():
   # processes that share a data shard, e.g. a model axis spanning hosts, feed the same rows).

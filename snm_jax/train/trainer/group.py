@@ -50,11 +50,9 @@ from snm_jax.train.trainer.checkpointing import Checkpointer, abstract_like, sav
 from snm_jax.train.runtime.workpath import workdir_path, write_text
 from snm_jax.train.trainer import loop
 from snm_jax.train.trainer.results import run_results, selection_record
+from snm_jax.train.trainer.classification import GROUPED_FIELDS  # every other field is equal (`group_key`)
 from snm_jax.train.trainer.tasks import build_task
 
-# The fields group members may differ in: values the step takes as inputs, or that only change
-# which data a member reads. Every other field must be equal (`group_key`).
-GROUPED_FIELDS = ("table.learning_rate", "seed", "dataset.validation_seed")
 
 
 def group_key(config) -> str | None:
@@ -96,6 +94,7 @@ def _keyed(member_step):
   return step_one
 
 
+@functools.lru_cache(maxsize=8)  # per member step: groups of one step share its compiled programs
 def _serial_programs(member_step):
   """(one step, k steps as a scan over batches stacked on a leading axis), jitted, donating the state."""
   step_one = _keyed(member_step)
