@@ -272,19 +272,20 @@ def test_a_preempted_then_crashed_recipe_resumes_to_the_uninterrupted_result(uni
   assert {int(p.name) for p in saved} == {4, 6, 7}
 
   from snm_jax.train.trainer import group as group_lib  # pylint: disable=g-import-not-at-top
-  real_step, steps = group_lib.CandidateGroup._train_step, {"n": 0}  # pylint: disable=protected-access
+  # (checkpoints and evaluations every 4 steps, so every dispatch is one step: k = 1)
+  real_step, steps = group_lib.CandidateGroup._serial_dispatch, {"n": 0}  # pylint: disable=protected-access
   resumed_at = []
 
-  def crash_after_10(self):
+  def crash_after_10(self, k):
     if steps["n"] == 0:
       resumed_at.append(self.start_step)
-    steps["n"] += 1
+    steps["n"] += k
     if steps["n"] > 10:
       raise _Crash()
-    real_step(self)
+    return real_step(self, k)
 
   monkeypatch.setattr(preemption.PreemptionWatch, "reached", lambda self: False)
-  monkeypatch.setattr(group_lib.CandidateGroup, "_train_step", crash_after_10)
+  monkeypatch.setattr(group_lib.CandidateGroup, "_serial_dispatch", crash_after_10)
   with pytest.raises(_Crash):
     recipe.run(c, workdir)
   assert resumed_at and resumed_at[0] > 0  # it resumed, not retrained from step 0
@@ -294,7 +295,7 @@ def test_a_preempted_then_crashed_recipe_resumes_to_the_uninterrupted_result(uni
   from snm_jax.train.recipes import candidates  # pylint: disable=g-import-not-at-top
   real_behind, ranked = candidates.clearly_behind, []
   monkeypatch.setattr(candidates, "clearly_behind", lambda *a: ranked.append(a) or real_behind(*a))
-  monkeypatch.setattr(group_lib.CandidateGroup, "_train_step", real_step)
+  monkeypatch.setattr(group_lib.CandidateGroup, "_serial_dispatch", real_step)
   again = recipe.run(c, workdir)
   assert len(ranked) == 1  # the second rung only
   assert _candidate_results(workdir) == expected

@@ -234,7 +234,7 @@ class CandidateGroup:
       # lowered once; each slot it runs on compiles it once (`_compiled`).
       self._programs = _serial_programs(first.member_step)
       self.states = {n: self.tasks[n].state for n in self.names}
-      self._compiled = set()  # the (slot, steps per call) whose program has run
+      self._compiled = set()  # the (slot, steps per call) whose program is compiled
     self.steps_per_call = steps_per_call if self.mode == "serial" else 1
     self._checkpointers = {}
     self._in_flight = InFlight()
@@ -285,14 +285,29 @@ class CandidateGroup:
         out[key] = place(self.tasks[name].batches, fed[self._feed[name]])
     return out
 
-  def _train_steps(self, k: int) -> None:
-    """k > 1 steps of every member alive (serial mode), one dispatch each: its k batches stacked on
-    a leading axis and its step scanned over them."""
-    on_device = self._placed(self._next_local_batches(k), lambda b, local: b.to_global_stacked(local))
-    for name in self.alive:
-      self.states[name], metrics = self._programs[1](
-          self.states[name], on_device[(self._feed[name], self._slot[name])], self._key[name], self._lr[name])
+  def _serial_dispatch(self, k: int) -> float:
+    """k steps of every member alive (serial mode), one dispatch each (k > 1: its k batches stacked
+    on a leading axis and its step scanned over them). A program's first use on a slot is compiled
+    ahead (`lower(...).compile()`, its seconds returned), then dispatched like the others: the
+    devices keep the work already queued meanwhile, and no step's run counts as compilation."""
+    fed = self._next_local_batches(k)
+    if k == 1:
+      on_device = self._placed({src: b[0] for src, b in fed.items()}, lambda b, local: b.to_global(local))
+    else:
+      on_device = self._placed(fed, lambda b, local: b.to_global_stacked(local))
+    program = self._programs[0 if k == 1 else 1]
+    compile_seconds = 0.0
+    for name in self.alive:  # independent programs: each member's step counts against the bound
+      args = (self.states[name], on_device[(self._feed[name], self._slot[name])], self._key[name],
+              self._lr[name])
+      if (self._slot[name], k) not in self._compiled:
+        t0 = time.perf_counter()
+        program.lower(*args).compile()  # (cached: the call below runs it)
+        compile_seconds += time.perf_counter() - t0
+        self._compiled.add((self._slot[name], k))
+      self.states[name], metrics = program(*args)
       self._in_flight.add(metrics)
+    return compile_seconds
 
   def _chunk(self, until: int) -> int:
     """How many steps the next dispatch trains: steps_per_call while that many remain before the
@@ -307,23 +322,17 @@ class CandidateGroup:
       nxt = min(nxt, (self.step // self.checkpoint_every + 1) * self.checkpoint_every)
     return k if nxt - self.step >= k else 1
 
-  def _train_step(self) -> None:
+  def _vmap_step(self) -> None:
+    """One step of every member alive (vmap mode): their batches stacked, one vmapped dispatch."""
     fed = {src: batches[0] for src, batches in self._next_local_batches(1).items()}
-    if self.mode == "vmap":
-      if any("row" in b for b in fed.values()):  # rows gathered on the devices, then stacked there
-        on_device = {src: self.tasks[src].batches.to_global(b) for src, b in fed.items()}
-        batch = self._stack([on_device[self._feed[n]] for n in self.alive])
-      else:
-        batch = make_stacked_global_batch([fed[self._feed[n]] for n in self.alive], self.mesh,
-                                          self.batch_size)
-      self.state, metrics = self._vstep(self.state, batch, self._keys, self._lrs)
-      self._in_flight.add(metrics)
-      return
-    on_device = self._placed(fed, lambda b, local: b.to_global(local))
-    for name in self.alive:  # independent programs: each member's step counts against the bound
-      self.states[name], metrics = self._programs[0](
-          self.states[name], on_device[(self._feed[name], self._slot[name])], self._key[name], self._lr[name])
-      self._in_flight.add(metrics)
+    if any("row" in b for b in fed.values()):  # rows gathered on the devices, then stacked there
+      on_device = {src: self.tasks[src].batches.to_global(b) for src, b in fed.items()}
+      batch = self._stack([on_device[self._feed[n]] for n in self.alive])
+    else:
+      batch = make_stacked_global_batch([fed[self._feed[n]] for n in self.alive], self.mesh,
+                                        self.batch_size)
+    self.state, metrics = self._vstep(self.state, batch, self._keys, self._lrs)
+    self._in_flight.add(metrics)
 
   # ---- training ---------------------------------------------------------------------------
   def advance(self, until: int, stop=None) -> bool:
@@ -341,21 +350,22 @@ class CandidateGroup:
 
   def _advance_chunk(self, until: int) -> float:
     """One dispatch of the members alive (`_chunk` steps each), then the evaluation and the
-    checkpoint due at the step reached. Returns the seconds spent compiling (a program's first
-    call, timed apart: it runs to completion before the next dispatch)."""
+    checkpoint due at the step reached. Returns the seconds spent compiling: serial mode, the
+    programs compiled ahead of their first use (`_serial_dispatch`); vmap mode, the vmapped
+    step's first call (after a (re)stack), timed apart: it runs to completion before the next."""
     k = self._chunk(self._until(until))
-    train = self._train_step if k == 1 else functools.partial(self._train_steps, k)
     compile_seconds = 0.0
-    programs = {(self._slot[n], k) for n in self.alive}  # (slot, steps per call) of each dispatch
-    if not programs <= self._compiled:  # a program's first call (after a (re)stack): timed apart
+    if self.mode == "serial":
+      compile_seconds = self._serial_dispatch(k)
+    elif (0, 1) not in self._compiled:
       t0 = time.perf_counter()
-      train()
+      self._vmap_step()
       self._block()
       compile_seconds = time.perf_counter() - t0
-      self.seconds["compile"] += compile_seconds
-      self._compiled |= programs
+      self._compiled.add((0, 1))
     else:
-      train()
+      self._vmap_step()
+    self.seconds["compile"] += compile_seconds
     self.step += k
     if itstime(self.step, self.eval_every, self.num_steps):
       self._evaluate()
