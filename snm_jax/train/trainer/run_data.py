@@ -172,7 +172,12 @@ def load_run_data(config) -> RunData:
   if config.dataset.name == "files":  # the files' identity too: a file rewritten in place is re-read
     files = tuple((f, os.stat(f).st_mtime_ns, os.stat(f).st_size) if f and os.path.exists(f) else (f,)
                   for f in (config.dataset.files[k] for k in sorted(config.dataset.files.keys())))
-  return _kept(_LOADED, (json_without(config.dataset, ()), files), lambda: _load(config, files))
+  return _kept(_LOADED, (json_without(config.dataset, BATCHING_FIELDS), files), lambda: _load(config, files))
+
+
+# Fields of `config.dataset` that shape only the batches (`SparseBatcher`), not the data loaded:
+# left out of the keys of the data kept (a recipe's members differ in them: conversions, widths).
+BATCHING_FIELDS = ("conversion", "max_nnz", "max_labels", "read_threads", "prefetch", "workers")
 
 
 # The RunData of the last few `config.dataset`s this process loaded, and (`_UNCARVED`) their reads
@@ -207,7 +212,8 @@ def _load(config, files: tuple = ()) -> RunData:
     return _sharded(config)  # normalised and carved when it was written
   # The whole training file as read (and normalised) once per dataset section less its validation
   # carve: a recipe's validation splits carve the same rows (Bibtex: 0.35 s of XC parsing a split).
-  whole = _kept(_UNCARVED, (json_without(config.dataset, ("validation_fraction", "validation_seed")), files),
+  whole = _kept(_UNCARVED, (json_without(config.dataset, ("validation_fraction", "validation_seed",
+                                                         *BATCHING_FIELDS)), files),
                 lambda: _read(config))
   out = dataclasses.replace(whole)
   _carve_validation(out, config.dataset.get("validation_fraction", 0.0),
