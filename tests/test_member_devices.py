@@ -237,3 +237,21 @@ def test_split_batch_widths_are_the_widest_auto_widths_of_the_splits():
       "dataset.max_nnz": max(b.max_nnz for b in auto), "dataset.max_labels": max(b.max_labels for b in auto)}
   fixed = with_overrides(config, {"dataset.max_nnz": 40})
   assert recipe.split_batch_widths(fixed, datas) == {"dataset.max_labels": max(b.max_labels for b in auto)}
+
+
+def test_device_free_member_step_on_a_mesh_with_a_model_axis(tmp_path):
+  """The member step's shard_maps take the mesh's abstract shape: on a (2, 4) mesh, its table
+  sharded over `model`, the vmapped and the serial group train the same members alike."""
+  tables = {}
+  for mode in ("vmap", "serial"):
+    configs = {n: with_overrides(c, {"mesh.shape": (2, 4), "mining.num_strata": 4})
+               for n, c in member_configs().items()}
+    g = group_lib.CandidateGroup([(n, c, tmp_path / mode / n) for n, c in configs.items()],
+                                 sharding.make_mesh((2, 4)), mode=mode, steps_per_call=3)
+    assert g.advance(16) and g.step == 16
+    state = g._member_state("lr_x2")  # pylint: disable=protected-access
+    assert state.table.sharding.spec[0] == sharding.MODEL and len(state.table.devices()) == 8
+    tables[mode] = {n: np.asarray(jax.device_get(g._member_state(n).table)) for n in g.alive}  # pylint: disable=protected-access
+  for name, table in tables["vmap"].items():
+    np.testing.assert_allclose(tables["serial"][name], table, atol=1e-6)
+    assert np.abs(table).max() > 1e-3  # (trained)
