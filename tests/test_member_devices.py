@@ -226,17 +226,24 @@ def test_one_member_step_and_program_serve_every_slot_and_later_groups():
   assert _devices(new) == {jax.devices()[1]} and int(new.step) == 1
 
 
-def test_split_batch_widths_are_the_widest_auto_widths_of_the_splits():
+def test_split_batch_widths_are_the_widest_auto_widths_of_the_splits(tmp_path):
   from snm_jax.data.pipeline import SparseBatcher
   from snm_jax.train.recipes import recipe
   from snm_jax.train.trainer.run_data import load_run_data
   config = member_configs()["lr_x1"]
   datas = [load_run_data(with_overrides(config, recipe.split_fields(config, i))) for i in range(3)]
   auto = [SparseBatcher(d.train.features, d.train.labels, None, global_batch_size=8) for d in datas]
-  assert recipe.split_batch_widths(config, datas) == {
-      "dataset.max_nnz": max(b.max_nnz for b in auto), "dataset.max_labels": max(b.max_labels for b in auto)}
+  widths = recipe.split_batch_widths(config, datas)
+  assert widths == {"max_nnz": max(b.max_nnz for b in auto), "max_labels": max(b.max_labels for b in auto)}
   fixed = with_overrides(config, {"dataset.max_nnz": 40})
-  assert recipe.split_batch_widths(fixed, datas) == {"dataset.max_labels": max(b.max_labels for b in auto)}
+  assert recipe.split_batch_widths(fixed, datas) == {"max_labels": max(b.max_labels for b in auto)}
+  # a group pads its members' training batches at least that wide; their configs stay "auto"
+  wide = {"max_nnz": widths["max_nnz"] + 8, "max_labels": widths["max_labels"] + 8}
+  g = group_lib.CandidateGroup([("m", config, tmp_path / "m")], sharding.make_mesh(config.mesh.shape),
+                               mode="serial", min_widths=wide)
+  batcher = g.tasks["m"].batches.batcher
+  assert (batcher.max_nnz, batcher.max_labels) == (wide["max_nnz"], wide["max_labels"])
+  assert int(g.configs["m"].dataset.max_nnz) == 0
 
 
 def test_device_free_member_step_on_a_mesh_with_a_model_axis(tmp_path):

@@ -127,10 +127,12 @@ def train_alone(config, workdir) -> dict:
     return out
 
 
-def train(recipe_config, members, mesh, slots=None) -> dict:
+def train(recipe_config, members, mesh, slots=None, min_widths=None) -> dict:
   """Trains (or reads back) every member [(candidate, split, config, workdir)];
   returns {(candidate, split): results.json, {"diverged": ...} or {"eliminated": record}}.
-  slots: the one-device meshes a serial group deals its members over (`member_devices`)."""
+  slots: the one-device meshes a serial group deals its members over (`member_devices`).
+  min_widths: {"max_nnz", "max_labels"} the groups pad their batches to at least
+  (`recipe.split_batch_widths`)."""
   out, pending = {}, []
   for name, split, config, workdir in members:
     done = finished(config, workdir)
@@ -153,7 +155,7 @@ def train(recipe_config, members, mesh, slots=None) -> dict:
     for member in (m for ms in groups.values() for m in ms):
       stack.enter_context(workdir_lock(member[3]))
     built = []
-    for group_members, g in build_groups(recipe_config, groups.values(), mesh, slots):
+    for group_members, g in build_groups(recipe_config, groups.values(), mesh, slots, min_widths):
       stack.callback(g.close)  # (commits the checkpoint saves in flight, on errors too)
       built.append((group_members, g))
     watch = stack.enter_context(PreemptionWatch(recipe_config.train.get("preemption_signals", "SIGTERM")))
@@ -161,7 +163,7 @@ def train(recipe_config, members, mesh, slots=None) -> dict:
   return out
 
 
-def build_groups(recipe_config, groups, mesh, slots=None):
+def build_groups(recipe_config, groups, mesh, slots=None, min_widths=None):
   """Yields (members, CandidateGroup) for each list of members [(candidate, split, config,
   workdir)] in `groups`, built as `recipe_config` asks (recipe.group_mode, recipe.steps_per_call).
   With `slots`, the members are dealt over them in turn across the groups (which then train side by
@@ -173,7 +175,8 @@ def build_groups(recipe_config, groups, mesh, slots=None):
                  sorted({f"{n} (split {s})" for n, s, _, _ in group_members}))
     yield group_members, group_lib.CandidateGroup(
         [(f"{n}@{s}", c, w) for n, s, c, w in group_members], mesh, None if mode == "auto" else mode,
-        steps_per_call=recipe_config.recipe.get("steps_per_call", 1), slots=slots, first_slot=dealt)
+        steps_per_call=recipe_config.recipe.get("steps_per_call", 1), slots=slots, first_slot=dealt,
+        min_widths=min_widths)
     dealt += len(group_members)
 
 

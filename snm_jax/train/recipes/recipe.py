@@ -304,17 +304,19 @@ def split_fields(config, i: int) -> dict:
 
 
 def split_batch_widths(config, run_datas) -> dict:
-  """The batch widths left "auto" (dataset.max_nnz / max_labels = 0) fixed to the widest of the
-  validation splits' training parts, each found as the input pipeline's "auto" finds it: what a
-  group holding every split's members pads to (padding changes no value). The chosen candidates
-  trained on the other splits after the search on split 0 (recipe.split_search "first") then have
-  split 0's batch shapes, and run the programs split 0's groups compiled."""
+  """{"max_nnz", "max_labels"}: of the batch widths left "auto" (dataset.max_nnz / max_labels = 0),
+  the widest of the validation splits' training parts, each found as the input pipeline's "auto"
+  finds it. The recipe's candidate groups pad their training batches at least this wide (a group
+  of every split's members would; padding changes no value), so the chosen candidates trained on
+  the other splits after the search on split 0 (recipe.split_search "first") have split 0's batch
+  shapes and run the programs split 0's groups compiled. The members' configs stay "auto" (their
+  evaluations, and the reuse of their workdirs, as before)."""
   out = {}
   if not int(config.dataset.max_nnz) and all(sp.issparse(rd.train.features) for rd in run_datas):
-    out["dataset.max_nnz"] = max(choose_max_nnz(np.diff(rd.train.features.indptr)) for rd in run_datas)
+    out["max_nnz"] = max(choose_max_nnz(np.diff(rd.train.features.indptr)) for rd in run_datas)
   if not int(config.dataset.max_labels):
-    out["dataset.max_labels"] = max(choose_max_nnz(np.diff(sp.csr_matrix(rd.train.labels).indptr))
-                                    for rd in run_datas)
+    out["max_labels"] = max(choose_max_nnz(np.diff(sp.csr_matrix(rd.train.labels).indptr))
+                            for rd in run_datas)
   return out
 
 
@@ -342,11 +344,9 @@ def run(config, workdir) -> dict:
   # splits; the training part's size, hence every derived field, is the same on each).
   run_datas = [run_data] + [load_run_data(with_overrides(config, split_fields(config, i)))
                             for i in range(1, r)]
-  if r > 1:
-    widths = split_batch_widths(config, run_datas)
-    config, derived = with_overrides(config, widths), {**derived, **widths}
   logging.info("recipe %s on %s: %s; derived %s; %d validation split(s)", config.recipe.name,
                run_data.source, stats, derived, r)
+  min_widths = split_batch_widths(config, run_datas) if r > 1 else None
   # recipe.split_search "first": the candidates are trained, halved and chosen on split 0 only; the
   # chosen ones are trained on the other splits afterwards (`_train_other_splits`).
   searched = r if config.recipe.get("split_search", "all") == "all" else 1
@@ -359,7 +359,7 @@ def run(config, workdir) -> dict:
   members = [(name, i, _apply(config, {**fields, **split_fields(config, i)}),
               split_dir(workdir, i) / "candidates" / name) for name, _, fields in points
              for i in range(searched)]
-  trained = candidates_lib.train(config, members, mesh, slots)
+  trained = candidates_lib.train(config, members, mesh, slots, min_widths)
   table, fields_of, diverged, eliminated = [], {}, [], []
   for name, over, fields in points:
     per_split = [trained[(name, i)] for i in range(searched)]
@@ -398,7 +398,8 @@ def run(config, workdir) -> dict:
   # trained without its own held-out part), so even m = 1 is scored as an ensemble.
   if searched < r:
     ens = _ensemble_or_load(config, run_datas[:1], table, configs, workdir, max_members)
-    ens = _train_other_splits(config, run_datas, ens, fields_of, configs, workdir, mesh, record, slots)
+    ens = _train_other_splits(config, run_datas, ens, fields_of, configs, workdir, mesh, record, slots,
+                              min_widths)
     record["ensemble"] = ens
     chosen = {**chosen, "final": ens["test"]}
   elif max_members > 1 or r > 1:
@@ -434,7 +435,8 @@ def run(config, workdir) -> dict:
 
 
 def _train_other_splits(config, run_datas, ens: dict, fields_of: dict, configs: dict, workdir, mesh,
-                        record: dict, slots=None) -> dict:
+                        record: dict, slots=None,
+                        min_widths=None) -> dict:
   """recipe.split_search "first": the members of the ensemble `ens` chosen on split 0 trained on
   splits 1..r-1 (as one group per shape, no halving: nothing is chosen among them), and the
   ensemble summed over every split's models scored on test -- the result of the "all" search had
@@ -448,7 +450,8 @@ def _train_other_splits(config, run_datas, ens: dict, fields_of: dict, configs: 
     return ens  # the ensemble.json of an earlier attempt, which had finished this
   others = [(n, i, _apply(config, {**fields_of[n], **split_fields(config, i)}),
              split_dir(workdir, i) / "candidates" / n) for n in names for i in range(1, r)]
-  trained = candidates_lib.train(with_overrides(config, {"recipe.halving": 0}), others, mesh, slots)
+  trained = candidates_lib.train(with_overrides(config, {"recipe.halving": 0}), others, mesh, slots,
+                                 min_widths)
   bad = [(n, i, out["diverged"]) for (n, i), out in trained.items() if "diverged" in out]
   if bad:  # the sum must hold every split's model: no silent leaving out
     raise NonFiniteLossError(f"chosen recipe members diverged on other validation splits: {bad}")

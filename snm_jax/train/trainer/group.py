@@ -156,10 +156,13 @@ class CandidateGroup:
   over in turn, member i on slots[(first_slot + i) % len(slots)], each with its own task and
   compiled step on its slot; their programs run at once, one per device (on CPU, one per core).
   `redeal` deals the members still training again (after others stopped). None: every member on
-  `mesh`. A member computes the same on any one-device slot as on a one-device `mesh`."""
+  `mesh`. A member computes the same on any one-device slot as on a one-device `mesh`.
+  min_widths: {"max_nnz", "max_labels"}, the least the members' training batches are padded to
+  (`recipe.split_batch_widths`: groups of the recipe's other splits get the shapes of split 0's).
+  Their evaluations keep each member's own widths."""
 
   def __init__(self, members, mesh, mode: str | None = None, steps_per_call: int = 1, slots=None,
-               first_slot: int = 0):
+               first_slot: int = 0, min_widths: dict | None = None):
     keys = {group_key(c) for _, c, _ in members}
     if None in keys or len(keys) != 1:
       raise ConfigError("recipe", "a candidate group's members must differ only in "
@@ -177,10 +180,11 @@ class CandidateGroup:
     self._slot = {n: (first_slot + i) % len(slots) for i, n in enumerate(self.names)}
     self.tasks = {n: build_task(c, slots[self._slot[n]]) for n, c, _ in members}
     # "auto" batch widths (dataset.max_nnz / max_labels = 0) follow each member's training part: pad
-    # every member's batches to the widest, so all members' batches have one shape (-1 / zero
-    # padding, which no loss reads).
+    # every member's batches to the widest (and to min_widths), so all members' batches have one
+    # shape (-1 / zero padding, which no loss reads).
     batchers = [self.tasks[n].batches.batcher for n in self.names]
-    self._widths = {attr: max(getattr(b, attr) for b in batchers) for attr in ("max_nnz", "max_labels")}
+    self._widths = {attr: max([getattr(b, attr) for b in batchers] + [(min_widths or {}).get(attr, 0)])
+                    for attr in ("max_nnz", "max_labels")}
     for b in batchers:
       _set_widths(b, self._widths)
     # Members with the same seed and dataset section (the learning-rate variants of one validation
