@@ -435,8 +435,7 @@ def run(config, workdir) -> dict:
 
 
 def _train_other_splits(config, run_datas, ens: dict, fields_of: dict, configs: dict, workdir, mesh,
-                        record: dict, slots=None,
-                        min_widths=None) -> dict:
+                        record: dict, slots=None, min_widths=None) -> dict:
   """recipe.split_search "first": the members of the ensemble `ens` chosen on split 0 trained on
   splits 1..r-1 (as one group per shape, no halving: nothing is chosen among them), and the
   ensemble summed over every split's models scored on test -- the result of the "all" search had

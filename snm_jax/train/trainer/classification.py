@@ -59,15 +59,17 @@ def _member_step_key(config, run_data, mesh):
           run_data.num_labels, counts)
 
 
-def _cached_member_step(key, build):
+def _lru_get(cache: collections.OrderedDict, kept: int, key, build):
+  """cache[key], made by `build()` on a miss (None: built, not kept); the least recently used
+  entries go beyond `kept`. (The keys are config JSON and jax objects: no functools.lru_cache.)"""
   if key is None:
     return build()
-  if key not in _MEMBER_STEPS:
-    _MEMBER_STEPS[key] = build()
-    while len(_MEMBER_STEPS) > _MEMBER_STEPS_KEPT:
-      _MEMBER_STEPS.popitem(last=False)
-  _MEMBER_STEPS.move_to_end(key)
-  return _MEMBER_STEPS[key]
+  if key not in cache:
+    cache[key] = build()
+    while len(cache) > kept:
+      cache.popitem(last=False)
+  cache.move_to_end(key)
+  return cache[key]
 
 
 class GlobalBatches:
@@ -164,8 +166,8 @@ def build(config, mesh) -> Task:
 
   train_step = sample_schedule.phased_step(schedule, train_step_for)
   # One phase (no mining.num_samples_schedule): the step a candidate group vmaps (trainer/group.py).
-  member_step = (_cached_member_step(_member_step_key(config, run_data, mesh),
-                                     lambda: train_step_for(schedule[0][1], member=True))
+  member_step = (_lru_get(_MEMBER_STEPS, _MEMBER_STEPS_KEPT, _member_step_key(config, run_data, mesh),
+                       lambda: train_step_for(schedule[0][1], member=True))
                  if len(schedule) == 1 else None)
 
   # This process's block of the global batch under the mesh (not jax.process_index():
@@ -242,14 +244,8 @@ def create_state(config, tower, table_rows, dim, tx, row_opt, mesh, example_inpu
   (bfloat16: as uint16 bits, `precision.to_storage`).
   """
   key = _init_key(config, tower, table_rows, dim, mesh, example_inputs, input_table is not None)
-  program = _INIT_PROGRAMS.get(key)
-  if program is None:
-    program = _init_program(config, tower, table_rows, dim, tx, row_opt, mesh, example_inputs, input_table)
-    _INIT_PROGRAMS[key] = program
-    while len(_INIT_PROGRAMS) > _INIT_PROGRAMS_KEPT:
-      _INIT_PROGRAMS.popitem(last=False)
-  else:
-    _INIT_PROGRAMS.move_to_end(key)
+  program = _lru_get(_INIT_PROGRAMS, _INIT_PROGRAMS_KEPT, key, lambda: _init_program(
+      config, tower, table_rows, dim, tx, row_opt, mesh, example_inputs, input_table))
   # The key's raw bits as a host array: every process passes the same replicated input.
   state = program(np.asarray(jax.random.key_data(jax.random.key(config.seed))))
   sharding.assert_table_sharded(state.table, mesh)
